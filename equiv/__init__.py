@@ -1,0 +1,42 @@
+"""equiv: prove a fast, mutating PyTorch implementation equivalent to a pure reference."""
+
+from equiv._settings import settings
+from equiv.errors import (
+    AliasingMismatch,
+    EquivalenceFailure,
+    EquivError,
+    ErrorMismatch,
+    GradientMismatch,
+    InvalidArgument,
+    MemoryMismatch,
+    MutationMismatch,
+    OutputMismatch,
+    ScheduleMismatch,
+)
+from equiv.examples import Args
+from equiv.report import Finding, Report
+from equiv.run import check
+from equiv.spec import Spec, equivalent_to, registry
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Args",
+    "AliasingMismatch",
+    "EquivError",
+    "EquivalenceFailure",
+    "ErrorMismatch",
+    "Finding",
+    "GradientMismatch",
+    "InvalidArgument",
+    "MemoryMismatch",
+    "MutationMismatch",
+    "OutputMismatch",
+    "Report",
+    "ScheduleMismatch",
+    "Spec",
+    "check",
+    "equivalent_to",
+    "registry",
+    "settings",
+]

@@ -1,0 +1,1 @@
+"""Checks: each compares one observable of the two sides and returns findings."""

@@ -1,0 +1,108 @@
+"""Tolerance-aware pytree comparison built on ``torch.testing.assert_close``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from equiv._compat import keystr, tree_flatten_with_path
+
+
+@dataclasses.dataclass(frozen=True)
+class Mismatch:
+    """One leaf that differs: where, how, and the numbers."""
+
+    path: str
+    message: str  # assert_close's lines (count, greatest differences, allowed tolerance)
+    max_abs: float | None = None
+    max_rel: float | None = None
+    index: tuple[int, ...] | None = None
+
+
+def _flatten(tree: Any) -> tuple[list[tuple[str, Any]], Any]:
+    leaves, spec = tree_flatten_with_path(tree, is_leaf=lambda x: x is None)
+    return [(keystr(p), v) for p, v in leaves], spec
+
+
+def _numbers(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float, tuple[int, ...]]:
+    a = actual.detach().to("cpu")
+    e = expected.detach().to("cpu")
+    if a.is_complex() or e.is_complex():
+        a, e = a.to(torch.complex128), e.to(torch.complex128)
+    else:
+        a, e = a.to(torch.float64), e.to(torch.float64)
+    diff = (a - e).abs()
+    both_nan = torch.isnan(a.abs() if a.is_complex() else a) & torch.isnan(
+        e.abs() if e.is_complex() else e)
+    diff = torch.where(both_nan, torch.zeros_like(diff), diff)
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    if diff.numel() == 0:
+        return 0.0, 0.0, ()
+    flat = int(diff.reshape(-1).argmax())
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) \
+        if diff.dim() else ()
+    rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    return float(diff.max()), float(torch.nan_to_num(rel, nan=float("inf")).max()), index
+
+
+def compare_leaf(actual: Any, expected: Any, *, rtol: float | None, atol: float | None,
+                 path: str = "", exact: bool = False) -> Mismatch | None:
+    """Compare one value; ``exact`` demands bitwise equality (NaN equal to NaN)."""
+    if expected is None or actual is None:
+        if actual is expected:
+            return None
+        return Mismatch(path, f"expected {_short(expected)}, got {_short(actual)}")
+    a_t, e_t = isinstance(actual, torch.Tensor), isinstance(expected, torch.Tensor)
+    if a_t != e_t:
+        return Mismatch(path, f"expected {_short(expected)}, got {_short(actual)}")
+    if exact:
+        rtol, atol = 0.0, 0.0
+    kwargs: dict[str, Any] = {"equal_nan": True, "check_stride": False}
+    if rtol is not None:
+        kwargs.update(rtol=rtol, atol=atol)
+    try:
+        torch.testing.assert_close(actual, expected, **kwargs)
+    except AssertionError as e:
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        if lines and lines[0].endswith("are not close!"):
+            lines = lines[1:]
+        if a_t and actual.shape == expected.shape and actual.dtype == expected.dtype:
+            max_abs, max_rel, index = _numbers(actual, expected)
+            return Mismatch(path, "\n".join(lines), max_abs, max_rel, index)
+        return Mismatch(path, "\n".join(lines))
+    return None
+
+
+def compare_trees(actual: Any, expected: Any, *, rtol: float | None, atol: float | None,
+                  root: str = "output", exact: bool = False) -> list[Mismatch]:
+    """Every differing leaf of two pytrees; a structure difference is one mismatch."""
+    a_leaves, a_spec = _flatten(actual)
+    e_leaves, e_spec = _flatten(expected)
+    if a_spec != e_spec:
+        return [Mismatch(root, f"structure differs: expected {_structure(expected)}, got "
+                               f"{_structure(actual)}")]
+    out = []
+    for (path, a), (_, e) in zip(a_leaves, e_leaves):
+        m = compare_leaf(a, e, rtol=rtol, atol=atol, path=root + path, exact=exact)
+        if m is not None:
+            out.append(m)
+    return out
+
+
+def _short(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        from equiv.examples import tensor_summary
+
+        return f"a tensor {tensor_summary(x)}"
+    return f"{type(x).__name__} {x!r:.60}"
+
+
+def _structure(tree: Any) -> str:
+    leaves, spec = _flatten(tree)
+    if len(leaves) == 1 and leaves[0][0] == "":
+        return _short(leaves[0][1])
+    kinds = ", ".join(f"{p}: {_short(v)}" for p, v in leaves[:6])
+    more = f", ... ({len(leaves)} leaves)" if len(leaves) > 6 else ""
+    return f"{type(tree).__name__} {{{kinds}{more}}}"

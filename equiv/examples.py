@@ -1,0 +1,382 @@
+"""Alias- and stride-preserving copies of one example for each side, and its printing.
+
+An *example* is one drawn argument tuple. Its tensors are grouped by the storage they live in;
+each side gets fresh storages with the same groups, so the same tensor passed in two slots stays
+one tensor in two slots and views of one base stay views of one cloned base with identical sizes,
+strides and storage offsets. The user's tensors are only read.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+from typing import Any, Callable, Iterable
+
+import torch
+
+from equiv._compat import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+
+_IMMUTABLE = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device,
+              torch.layout, torch.memory_format)
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+    """Positional and keyword arguments of one example: ``Args(x, y, alpha=2.0)``."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        object.__setattr__(self, "args", tuple(args))
+        object.__setattr__(self, "kwargs", dict(kwargs))
+
+    def __repr__(self) -> str:
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"Args({', '.join(parts)})"
+
+
+def as_args(value: Any) -> Args:
+    """Normalise what a strategy or ``examples=`` produced into :class:`Args`."""
+    if isinstance(value, Args):
+        return value
+    if isinstance(value, tuple):
+        return Args(*value)
+    raise TypeError(
+        f"an example must be a tuple of positional arguments or equiv.Args(...), got "
+        f"{type(value).__name__}: {value!r:.80}"
+    )
+
+
+@dataclasses.dataclass
+class Slot:
+    """One tensor leaf of the example."""
+
+    path: str  # 'x', 'params[0]'
+    group: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+
+@dataclasses.dataclass
+class Group:
+    """Tensors of the example that live in one storage."""
+
+    index: int
+    values: torch.Tensor  # flat, detached copy of the whole storage
+    slots: list[int]
+    requires_grad: bool
+    simple: bool  # one tensor that is exactly its whole storage: passed as a leaf of its shape
+    mutated: bool = False
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+
+def _storage_values(t: torch.Tensor) -> torch.Tensor:
+    n = t.untyped_storage().nbytes() // t.element_size()
+    flat = torch.empty(0, dtype=t.dtype, device=t.device)
+    flat.set_(t.untyped_storage(), 0, (n,), (1,))
+    return flat.detach().clone()
+
+
+def _is_simple(t: torch.Tensor) -> bool:
+    n = t.untyped_storage().nbytes() // max(t.element_size(), 1)
+    return (
+        t.storage_offset() == 0
+        and t.numel() == n
+        and t.numel() > 0
+        and _non_overlapping_and_dense(tuple(t.shape), tuple(t.stride()))
+    )
+
+
+def _non_overlapping_and_dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """True when some permutation of the dims is contiguous (no gaps, no overlap)."""
+    dims = sorted((st, sz) for sz, st in zip(size, stride) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
+class Template:
+    """The structure of one example: argument names, storage groups, non-tensor values."""
+
+    def __init__(self, signature: inspect.Signature, example: Args, mutated: Iterable[str] = ()):
+        try:
+            bound = signature.bind(*example.args, **example.kwargs)
+        except TypeError as e:
+            raise TypeError(f"the example does not fit the implementation's signature: {e}") from e
+        self.signature = signature
+        self.names: list[str] = list(bound.arguments)
+        values = [bound.arguments[n] for n in self.names]
+        flat, self._spec = tree_flatten_with_path(values, is_leaf=lambda x: x is None)
+        self._leaves: list[Any] = []
+        self.slots: list[Slot] = []
+        self.groups: list[Group] = []
+        self._slot_of_leaf: dict[int, int] = {}
+        keys: dict[Any, int] = {}
+        mutated = set(mutated)
+        with torch.no_grad():
+            for i, (path, leaf) in enumerate(flat):
+                name = self.names[path[0].idx] + keystr(path[1:])
+                if isinstance(leaf, torch.Tensor):
+                    if leaf.layout != torch.strided:
+                        raise TypeError(
+                            f"argument {name!r} has layout {leaf.layout}; equiv supports strided "
+                            "tensors only."
+                        )
+                    st = leaf.untyped_storage()
+                    key = (leaf.device, st.data_ptr(), leaf.dtype) if st.nbytes() else ("empty", i)
+                    if key not in keys:
+                        keys[key] = len(self.groups)
+                        self.groups.append(Group(len(self.groups), _storage_values(leaf), [], False,
+                                                 False))
+                    g = self.groups[keys[key]]
+                    slot = Slot(name, g.index, tuple(leaf.shape), tuple(leaf.stride()),
+                                leaf.storage_offset(), leaf.dtype, leaf.device,
+                                bool(leaf.requires_grad))
+                    self._slot_of_leaf[i] = len(self.slots)
+                    g.slots.append(len(self.slots))
+                    g.requires_grad |= slot.requires_grad
+                    g.mutated |= name.split("[")[0] in mutated
+                    self.slots.append(slot)
+                    self._leaves.append(None)
+                else:
+                    self._leaves.append(leaf)
+        for g in self.groups:
+            first = flat_leaf(flat, self, g.slots[0])
+            g.simple = len(g.slots) == 1 and _is_simple(first)
+            if not (g.dtype.is_floating_point or g.dtype.is_complex):
+                g.requires_grad = False
+
+    # -- building sides -------------------------------------------------------------------
+    def instantiate(self, *, grad: bool = True, device: torch.device | str | None = None) -> "Side":
+        """Fresh tensors with this example's structure (leaves for gradients when ``grad``)."""
+        leaves: list[torch.Tensor | None] = []
+        group_args: list[torch.Tensor] = []
+        for g in self.groups:
+            values = g.values if device is None else g.values.to(device)
+            rg = grad and g.requires_grad
+            if g.simple:
+                s = self.slots[g.slots[0]]
+                with torch.no_grad():
+                    leaf = torch.empty_strided(s.size, s.stride, dtype=g.dtype,
+                                               device=values.device)
+                    leaf.copy_(values.as_strided(s.size, s.stride, 0))
+                leaf.requires_grad_(rg)
+                if rg and g.mutated:
+                    work = torch.empty_strided(s.size, s.stride, dtype=g.dtype,
+                                               device=values.device)
+                    work = work.copy_(leaf)
+                else:
+                    work = leaf
+            else:
+                leaf = values.clone().requires_grad_(rg)
+                work = leaf.clone() if (rg and g.mutated) else leaf
+            leaves.append(leaf if rg else None)
+            group_args.append(work)
+        out: list[Any] = []
+        for i, leaf in enumerate(self._leaves):
+            if i in self._slot_of_leaf:
+                s = self.slots[self._slot_of_leaf[i]]
+                g = self.groups[s.group]
+                work = group_args[s.group]
+                out.append(work if g.simple else work.as_strided(s.size, s.stride, s.offset))
+            elif isinstance(leaf, _IMMUTABLE):
+                out.append(leaf)
+            else:
+                out.append(copy.deepcopy(leaf))
+        values = tree_unflatten(out, self._spec)
+        arguments = dict(zip(self.names, values))
+        bound = inspect.BoundArguments(self.signature, arguments)  # type: ignore[arg-type]
+        tensors = [out[i] for i in sorted(self._slot_of_leaf)]
+        return Side(bound, leaves, tensors, self)
+
+    # -- printing -------------------------------------------------------------------------
+    def describe(self, name: str) -> str:
+        """``relu_(x=f32[2,3] cpu grad, y=<same tensor as x>)``."""
+        parts = []
+        seen_exact: dict[tuple, str] = {}
+        group_first: dict[int, str] = {}
+        for i, leaf in enumerate(self._leaves):
+            if i in self._slot_of_leaf:
+                s = self.slots[self._slot_of_leaf[i]]
+                key = (s.group, s.size, s.stride, s.offset)
+                if key in seen_exact:
+                    parts.append(f"{s.path}=<same tensor as {seen_exact[key]}>")
+                    continue
+                seen_exact[key] = s.path
+                text = f"{s.path}={tensor_summary(s)}"
+                g = self.groups[s.group]
+                layout = _layout_words(s, g)
+                if s.group in group_first:
+                    layout = [f"view of {group_first[s.group]}'s storage"] + layout
+                group_first.setdefault(s.group, s.path)
+                if layout:
+                    text += " (" + ", ".join(layout) + ")"
+                parts.append(text)
+        nontensors = self._nontensor_arguments()
+        parts.extend(f"{k}={v!r}" for k, v in nontensors)
+        return f"{name}({', '.join(parts)})"
+
+    def _nontensor_arguments(self) -> list[tuple[str, Any]]:
+        out = []
+        tensor_args = {self.slots[j].path.split("[")[0] for j in range(len(self.slots))}
+        values = tree_unflatten(list(self._leaves), self._spec)
+        for n, v in zip(self.names, values):
+            if n not in tensor_args:
+                out.append((n, v))
+        return out
+
+    def code(self, call: str) -> str:
+        """Runnable Python that rebuilds the example's structure and values and calls ``call``."""
+        lines = ["import torch"]
+        for g in self.groups:
+            vals = g.values.detach().cpu()
+            if vals.numel() <= 64:
+                data = repr(vals.tolist())
+            else:
+                data = None
+            rg = ", requires_grad=True" if g.requires_grad else ""
+            dev = "" if g.values.device.type == "cpu" else f", device={str(g.values.device)!r}"
+            if data is not None:
+                lines.append(f"storage{g.index} = torch.tensor({data}, dtype={g.dtype}{dev}{rg})")
+            else:
+                lines.append(
+                    f"storage{g.index} = torch.randn({vals.numel()}, dtype={g.dtype}{dev}{rg})"
+                    "  # values elided: more than 64 elements"
+                )
+        call_args = []
+        for i, leaf in enumerate(self._leaves):
+            if i in self._slot_of_leaf:
+                s = self.slots[self._slot_of_leaf[i]]
+                var = _identifier(s.path)
+                lines.append(
+                    f"{var} = storage{s.group}.as_strided({s.size}, {s.stride}, {s.offset})"
+                )
+        values = tree_unflatten(
+            [(_Raw(_identifier(self.slots[self._slot_of_leaf[i]].path))
+              if i in self._slot_of_leaf else leaf) for i, leaf in enumerate(self._leaves)],
+            self._spec,
+        )
+        params = self.signature.parameters
+        for n, v in zip(self.names, values):
+            kind = params[n].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                call_args.extend(repr(x) for x in v)
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                call_args.extend(f"{k}={x!r}" for k, x in v.items())
+            elif kind is inspect.Parameter.KEYWORD_ONLY:
+                call_args.append(f"{n}={v!r}")
+            else:
+                call_args.append(repr(v))
+        lines.append(f"{call}({', '.join(call_args)})")
+        return "\n".join(lines)
+
+    def group_name(self, g: Group) -> str:
+        paths = [self.slots[j].path for j in g.slots]
+        unique = list(dict.fromkeys(paths))
+        if g.simple or len(unique) == 1 and len(g.slots) == 1:
+            return unique[0]
+        return "storage shared by " + ", ".join(unique) if len(unique) > 1 else f"storage of {unique[0]}"
+
+    @property
+    def dtype(self) -> str:
+        dtypes = list(dict.fromkeys(str(s.dtype) for s in self.slots))
+        return ", ".join(dtypes) if dtypes else "-"
+
+
+class _Raw:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _identifier(path: str) -> str:
+    out = "".join(c if c.isalnum() else "_" for c in path).strip("_")
+    return out or "arg"
+
+
+def flat_leaf(flat: list, template: Template, slot_index: int) -> torch.Tensor:
+    for i, (_, leaf) in enumerate(flat):
+        if template._slot_of_leaf.get(i) == slot_index:
+            return leaf
+    raise LookupError(slot_index)
+
+
+_DTYPE_SHORT = {
+    torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64",
+    torch.complex64: "c64", torch.complex128: "c128", torch.int8: "i8", torch.int16: "i16",
+    torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8", torch.bool: "bool",
+}
+
+
+def dtype_short(dtype: torch.dtype) -> str:
+    return _DTYPE_SHORT.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def tensor_summary(s: Slot | torch.Tensor) -> str:
+    """``f32[2,3] cpu grad``: dtype, shape, device, requires_grad."""
+    if isinstance(s, torch.Tensor):
+        size, dtype, device, rg = tuple(s.shape), s.dtype, s.device, s.requires_grad
+    else:
+        size, dtype, device, rg = s.size, s.dtype, s.device, s.requires_grad
+    text = f"{dtype_short(dtype)}[{','.join(map(str, size))}] {device.type}"
+    return text + (" grad" if rg else "")
+
+
+def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(size):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def _layout_words(s: Slot, g: Group) -> list[str]:
+    words = []
+    if s.stride != _contiguous_strides(s.size) and any(d > 1 for d in s.size):
+        if 0 in s.stride and any(d > 1 for d, st in zip(s.size, s.stride) if st == 0):
+            words.append(f"expanded, strides {s.stride}")
+        else:
+            words.append(f"strides {s.stride}")
+    if s.offset:
+        words.append(f"offset {s.offset}")
+    if not g.simple and len(g.slots) == 1 and not words:
+        words.append(f"storage of {g.values.numel()} elements")
+    return words
+
+
+class Side:
+    """One side's copy of an example: bound arguments, gradient leaves, tensor slots."""
+
+    def __init__(self, bound: inspect.BoundArguments, leaves: list[torch.Tensor | None],
+                 tensors: list[torch.Tensor], template: Template) -> None:
+        self.bound = bound
+        self.leaves = leaves  # one per storage group; None where no gradient is taken
+        self.tensors = tensors  # one per slot
+        self.template = template
+
+    def call(self, fn: Callable[..., Any]) -> Any:
+        return fn(*self.bound.args, **self.bound.kwargs)
+
+    def argument(self, name: str) -> Any:
+        return self.bound.arguments[name]
+
+    def versions(self) -> list[int]:
+        return [t._version for t in self.tensors]
+
+    def snapshot(self) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [t.detach().clone() for t in self.tensors]

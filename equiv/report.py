@@ -1,0 +1,149 @@
+"""Findings and reports, and their text rendering (rendering never computes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from equiv.errors import FAILURE_CLASSES, EquivalenceFailure
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """A failed check with its evidence. Plain data: pickles, compares, serialises."""
+
+    check: str
+    headline: str
+    spec: str = ""
+    implementation: str = ""
+    reference: str = ""
+    mode: str = "eager"
+    device: str = "cpu"
+    dtype: str = "-"
+    argument: str | None = None
+    details: str = ""
+    max_abs: float | None = None
+    max_rel: float | None = None
+    index: tuple[int, ...] | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    example: str = ""
+    example_code: str = ""
+    likely_cause: str | None = None
+    fix: str | None = None
+    traceback: str | None = None
+    reproduce: str = ""
+
+    @property
+    def failure_class(self) -> type[EquivalenceFailure]:
+        return FAILURE_CLASSES.get(self.check, EquivalenceFailure)
+
+    @property
+    def kind(self) -> str:
+        return self.failure_class.__name__
+
+    @property
+    def message(self) -> str:
+        return self.render()
+
+    def render(self) -> str:
+        tol = ("default for dtype (torch.testing.assert_close)" if self.rtol is None
+               else f"rtol={self.rtol:g}, atol={self.atol:g}")
+        lines = [
+            f"{self.kind}: {self.headline}",
+            f"  implementation: {self.implementation}    reference: {self.reference}",
+            f"  mode: {self.mode}   device: {self.device}   dtype: {self.dtype}   "
+            f"check: {self.check}",
+        ]
+        if self.argument:
+            lines.append(f"  involved: {self.argument}")
+        if self.details:
+            lines.extend("  " + ln for ln in self.details.splitlines())
+        if self.max_abs is not None:
+            lines.append(f"  tolerance: {tol}")
+        if self.traceback:
+            lines.append("  Traceback of the implementation's error:")
+            lines.extend("    " + ln for ln in self.traceback.rstrip().splitlines())
+        if self.example:
+            lines.append("Minimal failing example:")
+            lines.append("  " + self.example)
+        if self.example_code:
+            lines.append("  As code:")
+            lines.extend("    " + ln for ln in self.example_code.splitlines())
+        if self.likely_cause:
+            lines.append(f"Likely cause: {self.likely_cause}")
+        if self.fix:
+            lines.append(f"Fix: {self.fix}")
+        if self.reproduce:
+            lines.append(f"Reproduce: {self.reproduce}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["kind"] = self.kind
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """All findings of one run of one spec, with what was run."""
+
+    spec: str
+    implementation: str
+    reference: str
+    findings: tuple[Finding, ...] = ()
+    seed: int | None = None
+    examples_run: int = 0
+    invalid_examples: int = 0
+    modes: tuple[str, ...] = ("eager",)
+    devices: tuple[str, ...] = ("cpu",)
+    checks: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    settings: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def headline(self) -> str:
+        verdict = "equivalent" if self.ok else (
+            f"{len(self.findings)} finding{'s' if len(self.findings) != 1 else ''}")
+        return (
+            f"equiv: {self.implementation} vs {self.reference}: {verdict} "
+            f"({self.examples_run} examples, {self.invalid_examples} rejected as invalid; "
+            f"modes {', '.join(self.modes)}; devices {', '.join(self.devices)}; "
+            f"seed {self.seed})"
+        )
+
+    def render(self) -> str:
+        parts = [self.headline()]
+        if self.settings:
+            parts.append(f"  settings: {self.settings}")
+        parts.extend(f"  note: {n}" for n in self.notes)
+        for i, f in enumerate(self.findings, 1):
+            parts.append("")
+            if len(self.findings) > 1:
+                parts.append(f"[{i}/{len(self.findings)}]")
+            parts.append(f.render())
+        return "\n".join(parts)
+
+    __str__ = render
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["ok"] = self.ok
+        d["findings"] = [f.to_dict() for f in self.findings]
+        d["schema"] = "equiv.report/1"
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def raise_if_failed(self) -> "Report":
+        """Raise the most specific :class:`EquivalenceFailure` subclass covering every finding."""
+        if self.ok:
+            return self
+        classes = {f.failure_class for f in self.findings}
+        cls = classes.pop() if len(classes) == 1 else EquivalenceFailure
+        raise cls(self)

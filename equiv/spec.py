@@ -1,0 +1,242 @@
+"""Spec (impl + ref + contract), its registry, and validation at decoration time."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+from equiv._settings import settings as Settings
+from equiv.errors import InvalidArgument
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+Location = Any  # "out", an int index, or a str key into the reference's result
+
+_REGISTRY: dict[str, "Spec"] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """An implementation, its reference and the contract between them."""
+
+    impl: Callable[..., Any]
+    ref: Callable[..., Any]
+    name: str
+    mutates: Mapping[str, Location]
+    inputs: Any  # a Hypothesis strategy of tuples / equiv.Args
+    examples: tuple[Any, ...]
+    rtol: float | None
+    atol: float | None
+    settings: Settings | None
+    signature: inspect.Signature
+    derived_inputs: bool
+
+    @property
+    def implementation(self) -> str:
+        return _qualname(self.impl)
+
+    @property
+    def reference(self) -> str:
+        return _qualname(self.ref)
+
+
+def _qualname(fn: Any) -> str:
+    mod = getattr(fn, "__module__", None) or ""
+    qn = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    mod = "" if mod in ("__main__", "builtins") else mod + "."
+    return mod + qn
+
+
+def registry() -> dict[str, Spec]:
+    """Every registered spec by name (a copy)."""
+    return dict(_REGISTRY)
+
+
+def get_spec(impl: Any) -> Spec:
+    spec = getattr(impl, "__equiv_spec__", None)
+    if isinstance(spec, Spec):
+        return spec
+    if isinstance(impl, Spec):
+        return impl
+    raise InvalidArgument(
+        f"{_qualname(impl)} has no equiv spec: decorate it with @equivalent_to(reference) "
+        "before calling check()."
+    )
+
+
+def equivalent_to(
+    ref: Callable[..., Any],
+    *,
+    mutates: Mapping[str, Location] | None = None,
+    inputs: Any = None,
+    examples: Sequence[Any] = (),
+    rtol: float | None = None,
+    atol: float | None = None,
+    settings: Settings | None = None,
+    name: str | None = None,
+) -> Callable[[F], F]:
+    """Register the decorated implementation as equivalent to the pure function ``ref``.
+
+    ``mutates`` maps each argument the implementation writes in place to where its final value
+    is in ``ref``'s result: ``"out"`` (the whole result), an index or a key. Every other argument
+    must stay bitwise unchanged. ``inputs`` is a Hypothesis strategy of argument tuples (or
+    ``equiv.Args``); when omitted, inputs are derived from the signature. ``examples`` always run
+    first. ``rtol``/``atol`` override the dtype's default tolerance (give both or neither).
+    Returns the implementation unchanged, with ``__equiv_spec__`` attached.
+    """
+    if not callable(ref):
+        raise InvalidArgument(
+            f"equivalent_to(ref=...) must be the pure reference function, got "
+            f"{type(ref).__name__} {ref!r:.60}."
+        )
+    if (rtol is None) != (atol is None):
+        raise InvalidArgument(
+            f"equivalent_to(rtol={rtol!r}, atol={atol!r}): give both rtol and atol, or neither "
+            "to use torch.testing.assert_close's default for each dtype."
+        )
+    for label, tol in (("rtol", rtol), ("atol", atol)):
+        if tol is not None and (not isinstance(tol, (int, float)) or tol < 0):
+            raise InvalidArgument(f"equivalent_to({label}={tol!r}): give a number >= 0.")
+    if settings is not None and not isinstance(settings, Settings):
+        raise InvalidArgument(
+            f"equivalent_to(settings=...) takes an equiv.settings object, got "
+            f"{type(settings).__name__}."
+        )
+
+    def decorate(impl: F) -> F:
+        if not callable(impl):
+            raise InvalidArgument(f"@equivalent_to decorates a callable, got {impl!r:.60}.")
+        target = _callable_target(impl)
+        try:
+            sig = inspect.signature(target)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgument(
+                f"cannot read the signature of {_qualname(impl)} ({e}); wrap it in a plain "
+                "Python function with named parameters."
+            ) from None
+        contract = _validate_mutates(mutates, sig, impl)
+        _validate_ref_signature(ref, sig, impl)
+        strategy, derived = _resolve_inputs(inputs, sig, impl)
+        exs = _validate_examples(examples, sig, impl)
+        spec = Spec(
+            impl=impl, ref=ref, name=name or _qualname(impl), mutates=contract, inputs=strategy,
+            examples=exs, rtol=None if rtol is None else float(rtol),
+            atol=None if atol is None else float(atol), settings=settings, signature=sig,
+            derived_inputs=derived,
+        )
+        try:
+            impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            raise InvalidArgument(
+                f"cannot attach a spec to {_qualname(impl)}; decorate a Python function that "
+                "calls it instead."
+            ) from None
+        _REGISTRY[spec.name] = spec
+        return impl
+
+    return decorate
+
+
+def _callable_target(impl: Any) -> Any:
+    apply = getattr(impl, "apply", None)
+    if isinstance(impl, type) and apply is not None:  # an autograd.Function subclass
+        return apply
+    return impl
+
+
+def _validate_mutates(mutates: Any, sig: inspect.Signature, impl: Any) -> dict[str, Location]:
+    if mutates is None:
+        return {}
+    if not isinstance(mutates, Mapping):
+        raise InvalidArgument(
+            f"equivalent_to(mutates={mutates!r:.60}) must map argument names to where their "
+            "final value is in the reference's result, e.g. mutates={'x': 'out'} or "
+            "mutates={'m': 0, 'v': 1}."
+        )
+    params = sig.parameters
+    out: dict[str, Location] = {}
+    for arg, loc in mutates.items():
+        if arg not in params:
+            raise InvalidArgument(
+                f"equivalent_to(mutates=...) names {arg!r}, which is not a parameter of "
+                f"{_qualname(impl)}{sig}; use one of {list(params)}."
+            )
+        if not (loc == "out" or isinstance(loc, (int, str))) or isinstance(loc, bool):
+            raise InvalidArgument(
+                f"equivalent_to(mutates={{{arg!r}: {loc!r}}}): the location must be 'out' (the "
+                "reference's whole result), an int index or a str key into its result."
+            )
+        out[arg] = loc
+    if "out" in out.values() and len(out) > 1:
+        raise InvalidArgument(
+            f"equivalent_to(mutates={dict(mutates)!r}): 'out' says the reference's whole result is "
+            "one argument's final value, so it cannot be combined with other mutated arguments; "
+            "have the reference return a tuple and use indices, e.g. {'m': 0, 'v': 1}."
+        )
+    return out
+
+
+def _validate_ref_signature(ref: Any, sig: inspect.Signature, impl: Any) -> None:
+    try:
+        ref_sig = inspect.signature(ref)
+    except (TypeError, ValueError):
+        return  # builtins without a signature: found at run time
+    args, kwargs = [], {}
+    for p in sig.parameters.values():
+        if p.default is not inspect.Parameter.empty:
+            continue
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            args.append(None)
+        elif p.kind is p.KEYWORD_ONLY:
+            kwargs[p.name] = None
+    try:
+        ref_sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise InvalidArgument(
+            f"the reference {_qualname(ref)}{ref_sig} cannot take the arguments of "
+            f"{_qualname(impl)}{sig}: {e}. equiv calls both with the same arguments; give the "
+            "reference the same parameters."
+        ) from None
+
+
+def _resolve_inputs(inputs: Any, sig: inspect.Signature, impl: Any) -> tuple[Any, bool]:
+    from hypothesis.strategies import SearchStrategy
+
+    if inputs is not None:
+        if not isinstance(inputs, SearchStrategy):
+            raise InvalidArgument(
+                f"equivalent_to(inputs=...) must be a Hypothesis strategy producing argument "
+                f"tuples or equiv.Args, got {type(inputs).__name__}; e.g. "
+                "inputs=st.tuples(equiv.strategies.tensors(shape=(3,)))."
+            )
+        return inputs, False
+    from equiv.strategies import arguments_for
+
+    try:
+        return arguments_for(sig), True
+    except ValueError as e:
+        raise InvalidArgument(
+            f"cannot derive inputs for {_qualname(impl)}{sig}: {e}. Pass "
+            "inputs=<a Hypothesis strategy of argument tuples>."
+        ) from None
+
+
+def _validate_examples(examples: Any, sig: inspect.Signature, impl: Any) -> tuple[Any, ...]:
+    from equiv.examples import as_args
+
+    if not isinstance(examples, (list, tuple)):
+        raise InvalidArgument(
+            "equivalent_to(examples=...) takes a list of argument tuples or equiv.Args."
+        )
+    out = []
+    for i, ex in enumerate(examples):
+        try:
+            a = as_args(ex)
+            sig.bind(*a.args, **a.kwargs)
+        except TypeError as e:
+            raise InvalidArgument(
+                f"equivalent_to(examples=...)[{i}] does not fit {_qualname(impl)}{sig}: {e}."
+            ) from None
+        out.append(a)
+    return tuple(out)
