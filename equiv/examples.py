@@ -240,25 +240,34 @@ class Template:
     def code(self, call: str) -> str:
         """Runnable Python that rebuilds the example's structure and values and calls ``call``."""
         lines = ["import torch"]
+        direct = {g.index for g in self.groups if g.simple and
+                  self.slots[g.slots[0]].stride == _contiguous_strides(self.slots[g.slots[0]].size)}
         for g in self.groups:
             vals = g.values.detach().cpu()
+            if g.index in direct:
+                vals = vals.reshape(self.slots[g.slots[0]].size)
             if vals.numel() <= 64:
                 data = repr(vals.tolist())
             else:
                 data = None
             rg = ", requires_grad=True" if g.requires_grad else ""
             dev = "" if g.values.device.type == "cpu" else f", device={str(g.values.device)!r}"
+            target = (_identifier(self.slots[g.slots[0]].path) if g.index in direct
+                      else f"storage{g.index}")
             if data is not None:
-                lines.append(f"storage{g.index} = torch.tensor({data}, dtype={g.dtype}{dev}{rg})")
+                lines.append(f"{target} = torch.tensor({data}, dtype={g.dtype}{dev}{rg})")
             else:
+                shape = tuple(vals.shape)
                 lines.append(
-                    f"storage{g.index} = torch.randn({vals.numel()}, dtype={g.dtype}{dev}{rg})"
+                    f"{target} = torch.randn({shape}, dtype={g.dtype}{dev}{rg})"
                     "  # values elided: more than 64 elements"
                 )
         call_args = []
         for i, leaf in enumerate(self._leaves):
             if i in self._slot_of_leaf:
                 s = self.slots[self._slot_of_leaf[i]]
+                if s.group in direct:
+                    continue
                 var = _identifier(s.path)
                 lines.append(
                     f"{var} = storage{s.group}.as_strided({s.size}, {s.stride}, {s.offset})"

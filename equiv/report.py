@@ -48,8 +48,13 @@ class Finding:
         return self.render()
 
     def render(self) -> str:
-        tol = ("default for dtype (torch.testing.assert_close)" if self.rtol is None
-               else f"rtol={self.rtol:g}, atol={self.atol:g}")
+        if self.rtol is None:
+            tol = "default for the dtype (torch.testing.assert_close)"
+        elif self.rtol == 0 and self.atol == 0:
+            tol = "exact (bitwise, NaN equal to NaN)"
+        else:
+            tol = f"rtol={self.rtol:g}, atol={self.atol:g}"
+
         lines = [
             f"{self.kind}: {self.headline}",
             f"  implementation: {self.implementation}    reference: {self.reference}",

@@ -55,7 +55,7 @@ def _values(seed: int, shape: tuple[int, ...], dtype: torch.dtype, scale: float)
 @st.composite
 def tensors(draw: Any, *, shape: Any = None, dtype: Any = None, device: Any = "cpu",
             requires_grad: bool = False, elements: st.SearchStrategy | None = None,
-            scale: float = 2.0) -> torch.Tensor:
+            scale: float = 2.0, salt: int = 0) -> torch.Tensor:
     """Dense tensors. ``shape``/``dtype`` may be values or strategies.
 
     Without ``elements`` the values come from a drawn seed (dense, tie-free); with ``elements``
@@ -72,7 +72,7 @@ def tensors(draw: Any, *, shape: Any = None, dtype: Any = None, device: Any = "c
         flat = draw(st.lists(elements, min_size=n, max_size=n))
         t = torch.tensor(flat, dtype=dt).reshape(shp)
     else:
-        t = _values(draw(st.integers(0, 2**32 - 1)), shp, dt, scale)
+        t = _values(draw(st.integers(0, 2**32 - 1)) + 7919 * salt, shp, dt, scale)
     t = t.to(dev)
     if requires_grad and (dt.is_floating_point or dt.is_complex):
         t.requires_grad_(True)
@@ -118,9 +118,9 @@ def arguments_for(signature: inspect.Signature, *,
         dt = draw(st.sampled_from(tuple(dtypes_)))
         args: list[Any] = []
         kw: dict[str, Any] = {}
-        for name, kind, keyword in kinds:
+        for i, (name, kind, keyword) in enumerate(kinds):
             if kind == "tensor":
-                value = draw(tensors(shape=shp, dtype=dt, requires_grad=True))
+                value = draw(tensors(shape=shp, dtype=dt, requires_grad=True, salt=i))
             else:
                 value = draw(kind)
             if keyword:

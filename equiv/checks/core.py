@@ -80,7 +80,8 @@ class _Run:
     # -- findings ---------------------------------------------------------------------------
     def finding(self, check: str, headline: str, *, argument: str | None = None,
                 mismatch: Mismatch | None = None, details: str = "", tb: str | None = None,
-                fix: str | None = None, likely_cause: str | None = None) -> None:
+                fix: str | None = None, likely_cause: str | None = None,
+                exact: bool = False) -> None:
         if check not in self.cfg.checks:
             return
         self.findings.append(Finding(
@@ -93,7 +94,8 @@ class _Run:
             max_abs=mismatch.max_abs if mismatch else None,
             max_rel=mismatch.max_rel if mismatch else None,
             index=mismatch.index if mismatch else None,
-            rtol=self.spec.rtol, atol=self.spec.atol, traceback=tb, fix=fix,
+            rtol=0.0 if exact else self.spec.rtol, atol=0.0 if exact else self.spec.atol,
+            traceback=tb, fix=fix,
             likely_cause=likely_cause,
         ))
 
@@ -160,9 +162,10 @@ class _Run:
     def _check_reference_pure(self, side: Side, before: list[torch.Tensor],
                               versions: list[int]) -> None:
         assert self.template is not None
-        for slot, t, b, v in zip(self.template.slots, side.tensors, before, side.versions()):
+        after = side.versions()
+        for j, (slot, t, b) in enumerate(zip(self.template.slots, side.tensors, before)):
             changed = compare_leaf(t.detach(), b, rtol=0, atol=0, exact=True) is not None
-            if changed or v != versions[self.template.slots.index(slot)]:
+            if changed or after[j] != versions[j]:
                 raise ReferenceError_(
                     f"the reference {self.spec.reference} modified its argument {slot.path!r} "
                     "(a reference must be pure: it returns new tensors and leaves its inputs "
@@ -251,7 +254,7 @@ class _Run:
                     "mutation",
                     f"argument {slot.path!r} was modified, but the contract does not declare it "
                     "as mutated.",
-                    argument=slot.path, mismatch=m,
+                    argument=slot.path, mismatch=m, exact=True,
                     fix=f"declare the write with mutates={{{slot.path.split('[')[0]!r}: ...}}, "
                         "or write into a copy.",
                 )
@@ -437,6 +440,7 @@ class _Run:
                 check = "gradients" if n == 1 else "repeated-backward"
                 self.finding(check, f"backward #{n} modified the caller's cotangent "
                              f"(grad_output) for {name} in place.", argument=name, mismatch=m,
+                             exact=True,
                              fix="do not write into grad_output in backward; use out-of-place "
                                  "ops (grad_output * x, not grad_output.mul_(x)).")
 
@@ -445,7 +449,7 @@ class _Run:
             return
         for m in compare_trees(_detached(impl_out), snapshot, rtol=0, atol=0, exact=True):
             self.finding("output-stability", f"{m.path} returned by the first call changed "
-                         "during backward.", argument=m.path, mismatch=m,
+                         "during backward.", argument=m.path, mismatch=m, exact=True,
                          likely_cause="backward writes into a tensor the forward returned.")
             return
         second = self.template.instantiate()
@@ -457,6 +461,7 @@ class _Run:
         for m in compare_trees(_detached(impl_out), snapshot, rtol=0, atol=0, exact=True):
             self.finding("output-stability", f"a second call to the implementation changed "
                          f"{m.path} returned by the first call.", argument=m.path, mismatch=m,
+                         exact=True,
                          likely_cause="the implementation returns a reused workspace or buffer "
                                       "(e.g. a module-level cache) instead of a new tensor.",
                          fix="return a fresh tensor, or .clone() the workspace before returning.")

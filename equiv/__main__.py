@@ -1,0 +1,3 @@
+from equiv.cli import main
+
+raise SystemExit(main())

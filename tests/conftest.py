@@ -1,0 +1,23 @@
+"""Shared fixtures for equiv's own tests."""
+
+from __future__ import annotations
+
+import hypothesis
+import pytest
+
+import equiv
+from equiv.spec import _REGISTRY
+
+
+@pytest.fixture(autouse=True)
+def _isolated_registry():
+    """Specs registered inside a test do not leak into other tests."""
+    before = dict(_REGISTRY)
+    yield
+    _REGISTRY.clear()
+    _REGISTRY.update(before)
+
+
+#: settings for fast tests of equiv itself: few examples, fixed seed, no database
+FAST = equiv.settings(max_examples=15, seed=1234,
+                      hypothesis_settings=hypothesis.settings(database=None))
