@@ -16,6 +16,7 @@ from equiv.errors import InvalidArgument
 from equiv.examples import as_args
 from equiv.report import Finding, Report
 from equiv.spec import Spec, get_spec
+from equiv.variants import NO_VARIANT, Variant, excused, with_variants
 
 KNOWN_MODES = ("eager",)
 
@@ -87,7 +88,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     last_invalid: list[str] = []
     mode, device = "eager", "cpu"
 
-    def body(example: Any, cot_seed: int) -> None:
+    def body(example: Any, cot_seed: int, variant: Variant = NO_VARIANT) -> None:
         try:
             args = as_args(example)
         except TypeError as e:
@@ -100,9 +101,10 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
         for n in outcome.notes:
             if n not in notes:
                 notes.append(n)
-        if outcome.invalid is not None:
+        if outcome.invalid is not None or excused(variant, outcome.findings):
             stats["invalid"] += 1
-            last_invalid[:] = [outcome.invalid]
+            last_invalid[:] = [outcome.invalid or f"the implementation raised on the input "
+                               f"variant {variant.description!r} (must raise or match)"]
             hypothesis.reject()
         if outcome.findings:
             template = outcome.template
@@ -111,15 +113,19 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
             code = template.code(name) if template else ""
             reproduce = f"equiv.check({name}, seed={run_seed})"
             findings = [
-                _with(f, example=example_text, example_code=code, reproduce=reproduce)
+                _with(f, example=example_text, example_code=code, reproduce=reproduce,
+                      details=f"{f.details}\ninput variant: {variant.description}".lstrip()
+                      if variant else f.details)
                 for f in outcome.findings
             ]
             raise _signal(findings[0].check)(findings)
 
-    strategy = st.tuples(spec.inputs, st.integers(0, 2**31 - 1))
+    strategy = st.tuples(with_variants(spec.inputs, spec.signature, spec.mutates, spec.variants),
+                         st.integers(0, 2**31 - 1))
 
-    def test(ex_and_seed: tuple[Any, int]) -> None:
-        body(*ex_and_seed)
+    def test(ex_and_seed: tuple[tuple[Any, Variant], int]) -> None:
+        (example, variant), cot_seed = ex_and_seed
+        body(example, cot_seed, variant)
 
     hyp = hypothesis.settings(
         cfg.hypothesis_settings if cfg.hypothesis_settings is not None else None,
@@ -135,7 +141,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     )
     wrapped = hypothesis.given(strategy)(test)
     for ex in spec.examples:
-        wrapped = hypothesis.example((ex, 0))(wrapped)
+        wrapped = hypothesis.example(((ex, NO_VARIANT), 0))(wrapped)
     if not cfg.derandomize:
         wrapped = hypothesis.seed(run_seed)(wrapped)
     wrapped = hyp(wrapped)

@@ -31,6 +31,7 @@ class Spec:
     settings: Settings | None
     signature: inspect.Signature
     derived_inputs: bool
+    variants: tuple[str, ...] = ("layouts", "aliasing")  # see equiv.variants
 
     @property
     def implementation(self) -> str:
@@ -75,6 +76,7 @@ def equivalent_to(
     atol: float | None = None,
     settings: Settings | None = None,
     name: str | None = None,
+    variants: Any = True,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
 
@@ -83,6 +85,8 @@ def equivalent_to(
     must stay bitwise unchanged. ``inputs`` is a Hypothesis strategy of argument tuples (or
     ``equiv.Args``); when omitted, inputs are derived from the signature. ``examples`` always run
     first. ``rtol``/``atol`` override the dtype's default tolerance (give both or neither).
+    ``variants`` (default ``True``: other layouts and aliasing of unmutated arguments) says which
+    automatic input variants the runner explores; see :mod:`equiv.variants`.
     Returns the implementation unchanged, with ``__equiv_spec__`` attached.
     """
     if not callable(ref):
@@ -119,11 +123,14 @@ def equivalent_to(
         _validate_ref_signature(ref, sig, impl)
         strategy, derived = _resolve_inputs(inputs, sig, impl)
         exs = _validate_examples(examples, sig, impl)
+        from equiv.variants import validate_variants
+
+        kinds = validate_variants(variants, _qualname(impl))
         spec = Spec(
             impl=impl, ref=ref, name=name or _qualname(impl), mutates=contract, inputs=strategy,
             examples=exs, rtol=None if rtol is None else float(rtol),
             atol=None if atol is None else float(atol), settings=settings, signature=sig,
-            derived_inputs=derived,
+            derived_inputs=derived, variants=kinds,
         )
         try:
             impl.__equiv_spec__ = spec  # type: ignore[attr-defined]

@@ -1,8 +1,11 @@
 """Hypothesis strategies for tensors and argument tuples (importable as ``equiv.strategies``).
 
-Values are dense: every element comes from a seeded generator (no single background fill), and
-continuous, so ties and kinks (``relu`` at exactly 0, ``max`` of equal elements) where
-subgradient conventions legitimately differ are avoided unless asked for with ``elements=``.
+Values are dense: every element is drawn or derived from a drawn seed (never one repeated
+background fill) and tie-free by default, so kinks (``relu`` at exactly 0, ``max`` of equal
+elements), where subgradient conventions legitimately differ, are avoided unless asked for with
+``elements=`` or ``special=``. A failing example shrinks toward fewer dimensions, smaller sides,
+contiguous layout, no aliasing, float64 and simple values (distinct small half-integers:
+``-0.5, 0.5, 1.5, ...``).
 """
 
 from __future__ import annotations
@@ -13,22 +16,73 @@ from typing import Any, Sequence
 import torch
 from hypothesis import strategies as st
 
-__all__ = ["tensors", "shapes", "dtypes", "devices", "arguments_for"]
+from ._aliasing import ALIAS_PATTERNS, aliased_arguments
+from ._layouts import LAYOUT_KINDS, Layout, layouts
 
-FLOAT_DTYPES = (torch.float32, torch.float64)
+__all__ = [
+    "ALIAS_PATTERNS", "LAYOUT_KINDS", "SPECIAL_VALUES", "Layout", "aliased_arguments",
+    "arguments_for", "devices", "dtypes", "layouts", "shapes", "tensors",
+]
+
+FLOATING = (torch.float64, torch.float32)
+HALF = (torch.float16, torch.bfloat16)
+COMPLEX = (torch.complex128, torch.complex64)
+INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+#: the dtypes derived inputs draw from (float64 first: failures shrink toward it)
+DERIVED_DTYPES = FLOATING + HALF
+#: names accepted by ``tensors(special=...)``
+SPECIAL_VALUES = ("nan", "inf", "-inf", "-0.0", "subnormal", "large")
+# half-integers are exact in every floating dtype up to this many elements (bfloat16: 8 bits)
+_SIMPLE_MAX = 256
 
 
+# -- shapes --------------------------------------------------------------------------------------
 @st.composite
-def shapes(draw: Any, *, min_dims: int = 1, max_dims: int = 3, min_side: int = 1,
-           max_side: int = 4) -> tuple[int, ...]:
-    """Tensor shapes; shrinks toward fewer dimensions and smaller sides."""
-    ndim = draw(st.integers(min_dims, max_dims))
-    return tuple(draw(st.integers(min_side, max_side)) for _ in range(ndim))
+def shapes(draw: Any, *, min_dims: int = 0, max_dims: int = 3, min_side: int = 0,
+           max_side: int = 4, compile_friendly: bool = False) -> tuple[int, ...]:
+    """Tensor shapes, including 0-d and size-1 dims (and size-0 dims, rarely, when
+    ``min_side == 0``). Shrinks toward fewer dimensions and smaller sides.
+
+    ``compile_friendly=True`` keeps ``torch.compile`` recompilations bounded: at most two distinct
+    ndims (``max_dims`` and ``max_dims - 1``, both >= ``max(min_dims, 1)``), and sides >= 2 from
+    the buckets 2, 4, 8, 16 (capped by ``max_side``), so no side is specialised as 0 or 1.
+    """
+    if not 0 <= min_dims <= max_dims:
+        raise ValueError(f"shapes(min_dims={min_dims}, max_dims={max_dims}): need "
+                         "0 <= min_dims <= max_dims")
+    if not 0 <= min_side <= max_side:
+        raise ValueError(f"shapes(min_side={min_side}, max_side={max_side}): need "
+                         "0 <= min_side <= max_side")
+    if compile_friendly:
+        hi = max(max_dims, 1)
+        lo = max(min_dims, 1, hi - 1)
+        ndim = draw(st.integers(lo, hi))
+        buckets = [b for b in (2, 4, 8, 16) if max(min_side, 2) <= b <= max(max_side, 2)] or [2]
+        return tuple(draw(st.sampled_from(buckets)) for _ in range(ndim))
+    # ndim weighted toward 1-3 dims (0-d stays a regular guest); shrinks toward min_dims
+    span = max_dims - min_dims
+    ndim = min_dims + (draw(st.integers(0, 3 * span)) + 2) // 3 if span else min_dims
+    ndim = min(ndim, max_dims)
+    sides = []
+    for _ in range(ndim):
+        if min_side == 0 and draw(st.integers(0, 15)) == 15:
+            sides.append(0)
+        else:
+            sides.append(draw(st.integers(max(min_side, 1), max(max_side, 1))))
+    return tuple(sides)
 
 
-def dtypes(*, floating: bool = True) -> st.SearchStrategy[torch.dtype]:
-    """Floating dtypes that run on CPU (float64 first, so failures shrink to it)."""
-    return st.sampled_from((torch.float64, torch.float32))
+# -- dtypes and devices --------------------------------------------------------------------------
+def dtypes(*, floating: bool = True, half: bool = True, complex: bool = False,
+           integer: bool = False, boolean: bool = False) -> st.SearchStrategy[torch.dtype]:
+    """dtypes by family; float64 first, so a failure shrinks to float64 unless the bug needs
+    another dtype (then to that one). ``half`` covers float16 and bfloat16."""
+    options = ((FLOATING if floating else ()) + (HALF if half else ()) +
+               (COMPLEX if complex else ()) + (INTEGER if integer else ()) +
+               ((torch.bool,) if boolean else ()))
+    if not options:
+        raise ValueError("dtypes(): every family is switched off; enable at least one")
+    return st.sampled_from(options)
 
 
 def devices() -> st.SearchStrategy[torch.device]:
@@ -39,12 +93,34 @@ def devices() -> st.SearchStrategy[torch.device]:
     return st.sampled_from(options)
 
 
-def _values(seed: int, shape: tuple[int, ...], dtype: torch.dtype, scale: float) -> torch.Tensor:
+# -- values --------------------------------------------------------------------------------------
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _values(kind: int, seed: int, shape: tuple[int, ...], dtype: torch.dtype,
+            scale: float) -> torch.Tensor:
+    """kind 0: simple (distinct half-integers, permuted by ``seed``; ascending at seed 0);
+    kind 1: seeded continuous ``randn * scale``. Both dense and tie-free for floating dtypes."""
     g = torch.Generator().manual_seed(seed)
+    n = _numel(shape)
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=g).bool()
     if not (dtype.is_floating_point or dtype.is_complex):
-        return torch.randint(-8, 9, shape, generator=g).to(dtype)
+        lo = 0 if dtype == torch.uint8 else -8
+        if kind == 0 and seed == 0:
+            return (torch.arange(n) % (9 - lo) + lo).reshape(shape).to(dtype)
+        return torch.randint(lo, 9, shape, generator=g).to(dtype)
+    if kind == 0 and n <= _SIMPLE_MAX:
+        order = torch.arange(n) if seed == 0 else torch.randperm(n, generator=g)
+        real = (order - n // 2).to(torch.float64) + 0.5
+        if dtype.is_complex:
+            imag = (torch.flip(order, (0,)) - n // 2).to(torch.float64) + 0.5
+            return torch.complex(real, imag).reshape(shape).to(dtype)
+        return real.reshape(shape).to(dtype)
     base = torch.randn(shape, generator=g, dtype=torch.float64) * scale
     if dtype.is_complex:
         imag = torch.randn(shape, generator=g, dtype=torch.float64) * scale
@@ -52,33 +128,83 @@ def _values(seed: int, shape: tuple[int, ...], dtype: torch.dtype, scale: float)
     return base.to(dtype)
 
 
-@st.composite
-def tensors(draw: Any, *, shape: Any = None, dtype: Any = None, device: Any = "cpu",
-            requires_grad: bool = False, elements: st.SearchStrategy | None = None,
-            scale: float = 2.0, salt: int = 0) -> torch.Tensor:
-    """Dense tensors. ``shape``/``dtype`` may be values or strategies.
+def _special(name: str, dtype: torch.dtype) -> float:
+    info = torch.finfo(dtype)
+    return {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "-0.0": -0.0,
+            "subnormal": info.smallest_normal / 4, "large": info.max / 4}[name]
 
-    Without ``elements`` the values come from a drawn seed (dense, tie-free); with ``elements``
-    each element is drawn from that strategy (use it for special values: nan, inf, -0.0).
+
+def _resolve(draw: Any, value: Any, default: Any) -> Any:
+    if isinstance(value, st.SearchStrategy):
+        return draw(value)
+    return default if value is None else value
+
+
+@st.composite
+def tensors(draw: Any, *, shape: Any = None, dtype: Any = None, device: Any = None,
+            requires_grad: bool = False, elements: st.SearchStrategy | None = None,
+            layout: Any = None, special: Sequence[str] | bool = (),
+            scale: float = 2.0) -> torch.Tensor:
+    """Dense strided tensors. ``shape``, ``dtype``, ``device`` and ``layout`` take a value or a
+    strategy (defaults: ``shapes()``, float32, cpu, contiguous).
+
+    Values: without ``elements``, a drawn choice between simple values (distinct small
+    half-integers; the shrink target) and seeded continuous values (``randn * scale``); both
+    are dense and tie-free. With ``elements`` each element is drawn from that strategy.
+    ``special`` (names from ``SPECIAL_VALUES``, or ``True`` for all) plants nan, +-inf, -0.0,
+    subnormals or large magnitudes at drawn positions of floating tensors.
+    ``requires_grad`` applies to floating and complex dtypes; the result is a leaf.
+    ``layout`` (a ``Layout`` or a kind name such as ``"transposed"``) never changes the values:
+    an ``expanded`` tensor's values are drawn for its stride-0 dim once.
     """
-    shp = draw(shape) if isinstance(shape, st.SearchStrategy) else (
-        tuple(shape) if shape is not None else draw(shapes()))
-    dt = draw(dtype) if isinstance(dtype, st.SearchStrategy) else (dtype or torch.float32)
-    dev = draw(device) if isinstance(device, st.SearchStrategy) else torch.device(device)
+    shp = tuple(draw(shape) if isinstance(shape, st.SearchStrategy) else
+                (shape if shape is not None else draw(shapes())))
+    dt = _resolve(draw, dtype, torch.float32)
+    if not isinstance(dt, torch.dtype):
+        raise TypeError(f"tensors(dtype={dt!r}): give a torch.dtype or a strategy of them")
+    dev = torch.device(_resolve(draw, device, "cpu"))
+    lay = _resolve(draw, layout, Layout())
+    if isinstance(lay, str):
+        lay = Layout(lay)
+    if not isinstance(lay, Layout):
+        raise TypeError(f"tensors(layout={lay!r}): give an equiv.strategies.Layout, a kind name "
+                        f"from {LAYOUT_KINDS}, or layouts()")
+    lay = lay.effective(shp)
+    value_shape = shp
+    expand_dim = None
+    if lay.kind == "expanded":
+        big = [i for i, d in enumerate(shp) if d > 1]
+        expand_dim = big[lay.dim % len(big)]
+        value_shape = shp[:expand_dim] + (1,) + shp[expand_dim + 1:]
     if elements is not None:
-        n = 1
-        for d in shp:
-            n *= d
-        flat = draw(st.lists(elements, min_size=n, max_size=n))
-        t = torch.tensor(flat, dtype=dt).reshape(shp)
+        flat = draw(st.lists(elements, min_size=_numel(value_shape),
+                             max_size=_numel(value_shape)))
+        t = torch.tensor(flat, dtype=dt).reshape(value_shape)
     else:
-        t = _values(draw(st.integers(0, 2**32 - 1)) + 7919 * salt, shp, dt, scale)
+        kind = draw(st.integers(0, 1))
+        t = _values(kind, draw(st.integers(0, 2**32 - 1)), value_shape, dt, scale)
+    if special and dt.is_floating_point and t.numel():
+        names = SPECIAL_VALUES if special is True else tuple(special)
+        bad = [s for s in names if s not in SPECIAL_VALUES]
+        if bad:
+            raise ValueError(f"tensors(special={special!r}): unknown {bad}; use names from "
+                             f"{SPECIAL_VALUES} or True")
+        planted = draw(st.lists(st.tuples(st.integers(0, t.numel() - 1), st.sampled_from(names)),
+                                max_size=min(t.numel(), 4)))
+        flat_t = t.reshape(-1)
+        for i, name in planted:
+            flat_t[i] = _special(name, dt)
     t = t.to(dev)
+    if expand_dim is not None:
+        t = t.expand(shp)
+    elif lay.kind != "contiguous":
+        t = lay.apply(t)
     if requires_grad and (dt.is_floating_point or dt.is_complex):
-        t.requires_grad_(True)
+        t = t.detach().requires_grad_(True)
     return t
 
 
+# -- arguments derived from a signature ----------------------------------------------------------
 _TENSOR_ANNOTATIONS = {inspect.Parameter.empty, torch.Tensor, "Tensor", "torch.Tensor"}
 _SCALARS = {
     float: st.floats(-2.0, 2.0, allow_nan=False, allow_infinity=False),
@@ -87,11 +213,12 @@ _SCALARS = {
 
 
 def arguments_for(signature: inspect.Signature, *,
-                  dtypes_: Sequence[torch.dtype] = FLOAT_DTYPES) -> st.SearchStrategy:
+                  dtypes_: Sequence[torch.dtype] = DERIVED_DTYPES) -> st.SearchStrategy:
     """Argument tuples for a signature: every required tensor parameter gets a tensor of one
-    shared drawn shape and dtype (requiring grad); annotated ``float``/``int``/``bool`` parameters
-    get small scalars; parameters with defaults keep them. Raises ``ValueError`` naming the
-    parameter when a required parameter cannot be derived."""
+    shared drawn shape (``shapes()``: 0-d to 3-D, sides 0-4) and dtype (float64, float32,
+    float16, bfloat16), requiring grad; annotated ``float``/``int``/``bool`` parameters get small
+    scalars; parameters with defaults keep them. Raises ``ValueError`` naming the parameter when
+    a required parameter cannot be derived."""
     kinds: list[tuple[str, Any, bool]] = []
     for p in signature.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is not p.empty:
@@ -111,16 +238,16 @@ def arguments_for(signature: inspect.Signature, *,
         raise ValueError("it has no required parameters to draw")
 
     @st.composite
-    def build(draw: Any) -> tuple[Any, ...]:
+    def build(draw: Any) -> Any:
         from equiv.examples import Args
 
         shp = draw(shapes())
         dt = draw(st.sampled_from(tuple(dtypes_)))
         args: list[Any] = []
         kw: dict[str, Any] = {}
-        for i, (name, kind, keyword) in enumerate(kinds):
+        for name, kind, keyword in kinds:
             if kind == "tensor":
-                value = draw(tensors(shape=shp, dtype=dt, requires_grad=True, salt=i))
+                value = draw(tensors(shape=shp, dtype=dt, requires_grad=True))
             else:
                 value = draw(kind)
             if keyword:

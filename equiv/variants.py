@@ -1,0 +1,175 @@
+"""Automatic input variants: beside each drawn example, the runner draws a *variant* of it —
+other memory layouts of its tensor arguments (same values) and alias patterns (the same tensor
+in two slots, overlapping views of one base). Variants are drawn by Hypothesis, so a failure
+shrinks toward no variant, and the report names the variant that failed.
+
+Switched per spec with ``equivalent_to(..., variants=...)``:
+
+- ``"layouts"``: every tensor argument may get another layout (transposed, permuted, sliced with
+  a step and storage offset, as_strided window, channels_last; or expanded, stride 0, which
+  repeats the first slice along one dim).
+- ``"aliasing"``: two arguments the contract does not declare mutated, with the same shape, dtype
+  and device, may become one tensor in two slots or two overlapping views of one base.
+- ``"aliasing-mutated"``: the same, also for declared mutated arguments.
+
+For a mutated argument made expanded or aliased, the rule is "must raise or match": the
+implementation may raise (torch refuses in-place writes into overlapping memory), otherwise its
+results must match the reference's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Iterable
+
+import torch
+from hypothesis import strategies as st
+
+from equiv.errors import InvalidArgument
+
+VARIANT_KINDS: tuple[str, ...] = ("layouts", "aliasing", "aliasing-mutated")
+DEFAULT_VARIANTS: tuple[str, ...] = ("layouts", "aliasing")
+
+# percent chance of an alias pattern when one is possible; the rest keep arguments apart
+_ALIAS_PERCENT = 35
+
+
+def validate_variants(value: Any, impl: str) -> tuple[str, ...]:
+    """``True``/``None`` -> the default, ``False`` -> none, or a collection of kind names."""
+    if value is None or value is True:
+        return DEFAULT_VARIANTS
+    if value is False:
+        return ()
+    if isinstance(value, str):
+        value = (value,)
+    try:
+        kinds = tuple(value)
+    except TypeError:
+        kinds = None
+    if kinds is None or not all(isinstance(k, str) for k in kinds):
+        raise InvalidArgument(
+            f"equivalent_to(variants={value!r:.60}) for {impl}: give True (the default: "
+            f"{DEFAULT_VARIANTS}), False (only the drawn inputs), or a tuple of names from "
+            f"{VARIANT_KINDS}."
+        )
+    unknown = [k for k in kinds if k not in VARIANT_KINDS]
+    if unknown:
+        raise InvalidArgument(
+            f"equivalent_to(variants={value!r}) for {impl}: unknown variant kind(s) {unknown}; "
+            f"use names from {VARIANT_KINDS}, e.g. variants=('layouts',), or variants=False."
+        )
+    return tuple(k for k in VARIANT_KINDS if k in kinds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """What was changed in a drawn example. ``may_raise``: a mutated argument now overlaps itself
+    or another argument, so the implementation raising is accepted ("must raise or match")."""
+
+    description: str = ""
+    may_raise: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.description)
+
+
+NO_VARIANT = Variant()
+
+
+def _tensor_arguments(signature: inspect.Signature, args: Any) -> tuple[Any, list[str]] | None:
+    try:
+        bound = signature.bind(*args.args, **args.kwargs)
+    except TypeError:
+        return None
+    names = [n for n, v in bound.arguments.items()
+             if isinstance(v, torch.Tensor) and v.layout == torch.strided]
+    return bound, names
+
+
+def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
+                  mutated: Iterable[str], kinds: tuple[str, ...]) -> st.SearchStrategy:
+    """Pairs (example, Variant): the drawn example, possibly re-laid out or aliased."""
+    from equiv.examples import Args, as_args
+    from equiv.strategies import layouts
+
+    mutated = frozenset(mutated)
+    if not kinds:
+        return inputs.map(lambda ex: (ex, NO_VARIANT))
+
+    @st.composite
+    def build(draw: Any) -> tuple[Any, Variant]:
+        example = draw(inputs)
+        try:
+            args = as_args(example)
+        except TypeError:
+            return example, NO_VARIANT  # the runner reports the bad example
+        found = _tensor_arguments(signature, args)
+        if found is None:
+            return example, NO_VARIANT
+        bound, names = found
+        values = dict(bound.arguments)
+        words: dict[str, str] = {}
+        raising: set[str] = set()
+        if "layouts" in kinds:
+            for n in names:
+                t = values[n]
+                lay = draw(layouts()).effective(t.shape)
+                if lay.kind == "contiguous":
+                    continue
+                values[n] = lay.apply(t)
+                words[n] = f"{n} {lay.describe(t.shape)}"
+                if lay.kind == "expanded" and n in mutated:
+                    raising.add(n)
+        allowed = [n for n in names if n not in mutated or "aliasing-mutated" in kinds]
+        pairs = [(a, b) for i, a in enumerate(allowed) for b in allowed[i + 1:]
+                 if _compatible(values[a], values[b])]
+        if ("aliasing" in kinds or "aliasing-mutated" in kinds) and pairs:
+            if draw(st.integers(0, 99)) < _ALIAS_PERCENT:
+                a, b = pairs[draw(st.integers(0, len(pairs) - 1))]
+                x, y = bound.arguments[a], bound.arguments[b]
+                for n in (a, b):
+                    words.pop(n, None)
+                    raising.discard(n)
+                if x.numel() >= 2 and draw(st.booleans()):
+                    shift = draw(st.integers(1, x.numel() - 1))
+                    values[a], values[b] = _overlapping(x, y, shift)
+                    words[a] = (f"{a} and {b} overlapping views of one base ({b} starts "
+                                f"{shift} element{'s' if shift > 1 else ''} after {a})")
+                else:
+                    values[b] = values[a] = x
+                    words[a] = f"{b} is the same tensor as {a}"
+                raising |= {a, b} & mutated
+        if not words:
+            return example, NO_VARIANT
+        bound.arguments.update(values)
+        new = Args(*bound.args, **bound.kwargs)
+        return new, Variant("; ".join(words.values()), bool(raising))
+
+    return build()
+
+
+def _compatible(x: torch.Tensor, y: torch.Tensor) -> bool:
+    return (x.shape == y.shape and x.dtype == y.dtype and x.device == y.device
+            and x.numel() > 0)
+
+
+def _overlapping(x: torch.Tensor, y: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two views of one fresh base: the first holds x's values, the second starts ``shift``
+    elements later (its last ``shift`` elements are y's last ones)."""
+    n = x.numel()
+    rg = x.requires_grad or y.requires_grad
+    with torch.no_grad():
+        base = torch.empty(n + shift, dtype=x.dtype, device=x.device)
+        base[:n] = x.detach().reshape(-1)
+        base[n:] = y.detach().reshape(-1)[n - shift:]
+    base.requires_grad_(rg)
+    return base[:n].view(x.shape), base[shift:].view(y.shape)
+
+
+def excused(variant: Variant, findings: list[Any]) -> bool:
+    """True when a variant that makes a mutated argument overlap allows what happened: the
+    implementation raised where the reference returned ("must raise or match")."""
+    return bool(variant.may_raise and findings and all(
+        f.check == "error-parity" and f.headline.startswith("the implementation raised")
+        for f in findings))
