@@ -203,10 +203,12 @@ class Template:
 
     # -- printing -------------------------------------------------------------------------
     def describe(self, name: str) -> str:
-        """``relu_(x=f32[2,3] cpu grad, y=<same tensor as x>)``."""
+        """``relu_(x=f32[2,3] cpu grad, y=<same tensor as x>)``: dtype, shape, device, grad, and
+        the layout (transposed, expanded, strides, storage offset) and alias topology (same
+        tensor, view of, overlaps, disjoint view of one storage) of every tensor argument."""
         parts = []
         seen_exact: dict[tuple, str] = {}
-        group_first: dict[int, str] = {}
+        group_first: dict[int, Slot] = {}
         for i, leaf in enumerate(self._leaves):
             if i in self._slot_of_leaf:
                 s = self.slots[self._slot_of_leaf[i]]
@@ -218,9 +220,9 @@ class Template:
                 text = f"{s.path}={tensor_summary(s)}"
                 g = self.groups[s.group]
                 layout = _layout_words(s, g)
-                if s.group in group_first:
-                    layout = [f"view of {group_first[s.group]}'s storage"] + layout
-                group_first.setdefault(s.group, s.path)
+                first = group_first.setdefault(s.group, s)
+                if first is not s:
+                    layout = [_relation(s, first, g)] + layout
                 if layout:
                     text += " (" + ", ".join(layout) + ")"
                 parts.append(text)
@@ -254,21 +256,33 @@ class Template:
             dev = "" if g.values.device.type == "cpu" else f", device={str(g.values.device)!r}"
             target = (_identifier(self.slots[g.slots[0]].path) if g.index in direct
                       else f"storage{g.index}")
+            nonleaf = bool(rg) and g.mutated  # the implementation writes into it: not a leaf
+            if nonleaf:
+                lines.append(f"# {target} is written in place: pass a non-leaf copy of a leaf")
+                final_target, target = target, f"{target}_leaf"
             if data is not None:
-                lines.append(f"{target} = torch.tensor({data}, dtype={g.dtype}{dev}{rg})")
+                lines.append(f"{target} = torch.tensor({_literal(data)}, dtype={g.dtype}{dev}{rg})")
             else:
                 shape = tuple(vals.shape)
                 lines.append(
                     f"{target} = torch.randn({shape}, dtype={g.dtype}{dev}{rg})"
                     "  # values elided: more than 64 elements"
                 )
+            if nonleaf:
+                lines.append(f"{final_target} = {target}.clone()")
         call_args = []
+        same: dict[tuple, str] = {}
         for i, leaf in enumerate(self._leaves):
             if i in self._slot_of_leaf:
                 s = self.slots[self._slot_of_leaf[i]]
+                var = _identifier(s.path)
+                key = (s.group, s.size, s.stride, s.offset)
+                if key in same:
+                    lines.append(f"{var} = {same[key]}  # the same tensor in two slots")
+                    continue
+                same[key] = var
                 if s.group in direct:
                     continue
-                var = _identifier(s.path)
                 lines.append(
                     f"{var} = storage{s.group}.as_strided({s.size}, {s.stride}, {s.offset})"
                 )
@@ -310,6 +324,44 @@ class _Raw:
 
     def __repr__(self) -> str:
         return self.text
+
+
+def _literal(data: str) -> str:
+    """A value list's repr with nan/inf spelled as Python expressions."""
+    import re
+
+    data = re.sub(r"\bnan\b", "float('nan')", data)
+    return re.sub(r"\binf\b", "float('inf')", data)
+
+
+def _elements(s: Slot) -> set[int]:
+    """Storage positions a slot reads (exact up to 2**16 elements, else its address range)."""
+    n = 1
+    for d in s.size:
+        n *= d
+    if n == 0:
+        return set()
+    if n > 2**16:
+        span = sum((d - 1) * st for d, st in zip(s.size, s.stride))
+        return set(range(s.offset, s.offset + span + 1))
+    idx = torch.zeros(s.size, dtype=torch.int64)
+    pos = torch.full((), s.offset, dtype=torch.int64)
+    for dim, (d, st) in enumerate(zip(s.size, s.stride)):
+        shape = [1] * len(s.size)
+        shape[dim] = d
+        idx = idx + (torch.arange(d) * st).reshape(shape)
+    return set((idx + pos).reshape(-1).tolist())
+
+
+def _relation(s: Slot, first: Slot, g: "Group") -> str:
+    """How slot ``s`` shares storage with ``first``, the group's first slot."""
+    mine, theirs = _elements(s), _elements(first)
+    whole = set(range(g.values.numel()))
+    if theirs == whole and mine <= theirs:
+        return f"view of {first.path}"
+    if mine & theirs:
+        return f"overlaps {first.path} ({len(mine & theirs)} shared elements)"
+    return f"disjoint view of {first.path}'s storage"
 
 
 def _identifier(path: str) -> str:
@@ -355,15 +407,23 @@ def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
 
 def _layout_words(s: Slot, g: Group) -> list[str]:
     words = []
-    if s.stride != _contiguous_strides(s.size) and any(d > 1 for d in s.size):
-        if 0 in s.stride and any(d > 1 for d, st in zip(s.size, s.stride) if st == 0):
-            words.append(f"expanded, strides {s.stride}")
+    big = [(d, st) for d, st in zip(s.size, s.stride) if d > 1]
+    if any(st == 0 for _, st in big):
+        words.append(f"expanded, strides {s.stride}")
+    elif s.stride != _contiguous_strides(s.size) and big:
+        dense = _non_overlapping_and_dense(s.size, s.stride)
+        if dense and len(big) >= 2:
+            order = sorted(range(len(s.size)), key=lambda i: -s.stride[i])
+            kind = ("transposed" if len(big) == 2 and [d for d, _ in big] and
+                    big[0][1] < big[1][1] else "permuted")
+            words.append(f"{kind}, strides {s.stride}" if kind == "transposed" else
+                         f"permuted (memory order of dims {tuple(order)}), strides {s.stride}")
         else:
             words.append(f"strides {s.stride}")
     if s.offset:
-        words.append(f"offset {s.offset}")
-    if not g.simple and len(g.slots) == 1 and not words:
-        words.append(f"storage of {g.values.numel()} elements")
+        words.append(f"storage offset {s.offset}")
+    if not g.simple and len(g.slots) == 1:
+        words.append(f"in a storage of {g.values.numel()} elements")
     return words
 
 
