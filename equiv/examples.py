@@ -61,6 +61,7 @@ class Slot:
     dtype: torch.dtype
     device: torch.device
     requires_grad: bool
+    same_as: int | None = None  # index of an earlier slot holding the very same tensor object
 
 
 @dataclasses.dataclass
@@ -125,6 +126,7 @@ class Template:
         self._slot_of_leaf: dict[int, int] = {}
         keys: dict[Any, int] = {}
         mutated = set(mutated)
+        first_slot_of: dict[int, int] = {}
         with torch.no_grad():
             for i, (path, leaf) in enumerate(flat):
                 name = self.names[path[0].idx] + keystr(path[1:])
@@ -144,6 +146,9 @@ class Template:
                     slot = Slot(name, g.index, tuple(leaf.shape), tuple(leaf.stride()),
                                 leaf.storage_offset(), leaf.dtype, leaf.device,
                                 bool(leaf.requires_grad))
+                    slot.same_as = first_slot_of.setdefault(id(leaf), len(self.slots))
+                    if slot.same_as == len(self.slots):
+                        slot.same_as = None
                     self._slot_of_leaf[i] = len(self.slots)
                     g.slots.append(len(self.slots))
                     g.requires_grad |= slot.requires_grad
@@ -185,12 +190,18 @@ class Template:
             leaves.append(leaf if rg else None)
             group_args.append(work)
         out: list[Any] = []
+        made: dict[int, torch.Tensor] = {}
         for i, leaf in enumerate(self._leaves):
             if i in self._slot_of_leaf:
                 s = self.slots[self._slot_of_leaf[i]]
                 g = self.groups[s.group]
                 work = group_args[s.group]
-                out.append(work if g.simple else work.as_strided(s.size, s.stride, s.offset))
+                if s.same_as is not None:  # one tensor in two slots stays one tensor object
+                    out.append(made[s.same_as])
+                    continue
+                made[self._slot_of_leaf[i]] = (
+                    work if g.simple else work.as_strided(s.size, s.stride, s.offset))
+                out.append(made[self._slot_of_leaf[i]])
             elif isinstance(leaf, _IMMUTABLE):
                 out.append(leaf)
             else:

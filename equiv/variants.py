@@ -31,8 +31,11 @@ from equiv.errors import InvalidArgument
 VARIANT_KINDS: tuple[str, ...] = ("layouts", "aliasing", "aliasing-mutated")
 DEFAULT_VARIANTS: tuple[str, ...] = ("layouts", "aliasing")
 
-# percent chance of an alias pattern when one is possible; the rest keep arguments apart
-_ALIAS_PERCENT = 35
+# relative weights of the variants drawn for one example (index 0, "none", is the shrink target;
+# Hypothesis already favours it, so its weight is small)
+_CHOICE_WEIGHTS = {"none": 1, "transposed": 18, "permuted": 6, "sliced": 8, "window": 4,
+                   "channels_last": 3, "expanded": 16, "same": 14, "overlapping": 24}
+_LAYOUT_CHOICES = ("transposed", "sliced", "expanded", "permuted", "window", "channels_last")
 
 
 def validate_variants(value: Any, impl: str) -> tuple[str, ...]:
@@ -97,54 +100,64 @@ def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
     if not kinds:
         return inputs.map(lambda ex: (ex, NO_VARIANT))
 
+    options = ["none"]
+    if "layouts" in kinds:
+        options += list(_LAYOUT_CHOICES)
+    if "aliasing" in kinds or "aliasing-mutated" in kinds:
+        options += ["same", "overlapping"]
+    # the variant is the first choice (Hypothesis varies a test case's first choices most), with
+    # fixed weights; index 0 (no variant) is the shrink target
+    table = [o for o in options for _ in range(_CHOICE_WEIGHTS[o])]
+
     @st.composite
     def build(draw: Any) -> tuple[Any, Variant]:
+        choice = table[draw(st.integers(0, len(table) - 1))]
         example = draw(inputs)
         try:
             args = as_args(example)
         except TypeError:
             return example, NO_VARIANT  # the runner reports the bad example
         found = _tensor_arguments(signature, args)
-        if found is None:
+        if found is None or not found[1]:
             return example, NO_VARIANT
         bound, names = found
         values = dict(bound.arguments)
-        words: dict[str, str] = {}
-        raising: set[str] = set()
-        if "layouts" in kinds:
-            for n in names:
-                t = values[n]
-                lay = draw(layouts()).effective(t.shape)
-                if lay.kind == "contiguous":
-                    continue
-                values[n] = lay.apply(t)
-                words[n] = f"{n} {lay.describe(t.shape)}"
-                if lay.kind == "expanded" and n in mutated:
-                    raising.add(n)
         allowed = [n for n in names if n not in mutated or "aliasing-mutated" in kinds]
         pairs = [(a, b) for i, a in enumerate(allowed) for b in allowed[i + 1:]
                  if _compatible(values[a], values[b])]
-        if ("aliasing" in kinds or "aliasing-mutated" in kinds) and pairs:
-            if draw(st.integers(0, 99)) < _ALIAS_PERCENT:
-                a, b = pairs[draw(st.integers(0, len(pairs) - 1))]
-                x, y = bound.arguments[a], bound.arguments[b]
-                for n in (a, b):
-                    words.pop(n, None)
-                    raising.discard(n)
-                if x.numel() >= 2 and draw(st.booleans()):
-                    shift = draw(st.integers(1, x.numel() - 1))
-                    values[a], values[b] = _overlapping(x, y, shift)
-                    words[a] = (f"{a} and {b} overlapping views of one base ({b} starts "
-                                f"{shift} element{'s' if shift > 1 else ''} after {a})")
-                else:
-                    values[b] = values[a] = x
-                    words[a] = f"{b} is the same tensor as {a}"
-                raising |= {a, b} & mutated
-        if not words:
+        if choice in ("same", "overlapping") and not pairs:
+            if "layouts" not in kinds:
+                return example, NO_VARIANT
+            choice = "transposed" if choice == "same" else "expanded"
+        if choice == "none":
             return example, NO_VARIANT
+        if choice in ("same", "overlapping"):
+            a, b = pairs[draw(st.integers(0, len(pairs) - 1))]
+            x, y = values[a], values[b]
+            if choice == "overlapping" and x.numel() >= 2:
+                shift = draw(st.integers(1, x.numel() - 1))
+                values[a], values[b] = _overlapping(x, y, shift)
+                text = (f"{a} and {b} overlapping views of one base ({b} starts {shift} "
+                        f"element{'s' if shift > 1 else ''} after {a})")
+            else:
+                values[b] = x
+                text = f"{b} is the same tensor as {a}"
+            raising = bool({a, b} & mutated)
+        else:
+            lay = draw(layouts(kinds=(choice,)))
+            usable = [n for n in names if lay.effective(values[n].shape).kind == choice]
+            if not usable:  # this shape cannot show the layout: fall back to one that can
+                lay = draw(layouts(kinds=("sliced",)))
+                usable = [n for n in names if values[n].numel() > 0]
+                if not usable:
+                    return example, NO_VARIANT
+            n = usable[draw(st.integers(0, len(usable) - 1))]
+            t = values[n]
+            values[n] = lay.apply(t)
+            text = f"{n} {lay.describe(t.shape)}"
+            raising = lay.kind == "expanded" and n in mutated
         bound.arguments.update(values)
-        new = Args(*bound.args, **bound.kwargs)
-        return new, Variant("; ".join(words.values()), bool(raising))
+        return Args(*bound.args, **bound.kwargs), Variant(text, raising)
 
     return build()
 

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 LAYOUT_KINDS: tuple[str, ...] = (
     "contiguous", "transposed", "sliced", "expanded", "permuted", "window", "channels_last",
 )
-# percent weights used when drawing a kind: contiguous stays common so plain bugs are found too
-_WEIGHTS = {"contiguous": 30, "transposed": 22, "sliced": 14, "expanded": 14, "permuted": 10,
-            "window": 5, "channels_last": 5}
+# weights when drawing a kind. Hypothesis already favours the simplest choice (contiguous, index
+# 0: about half of all draws with equal weights), so contiguous gets a small weight here.
+_WEIGHTS = {"contiguous": 4, "transposed": 26, "sliced": 14, "expanded": 22, "permuted": 14,
+            "window": 10, "channels_last": 10}
 
 
 def contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:

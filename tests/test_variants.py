@@ -1,0 +1,323 @@
+"""The runner's automatic input variants: with inputs derived from signatures only, equiv
+catches layout-, aliasing-, batch- and dtype-specific bugs within the default number of examples,
+names the variant, shrinks well, and passes correct tricky twins."""
+
+from __future__ import annotations
+
+import hypothesis
+import pytest
+import torch
+
+import equiv
+from equiv import equivalent_to
+
+#: the default number of examples (30), fixed seeds, no example database
+SEEDS = (0, 1)
+
+
+def default(seed: int) -> equiv.settings:
+    cfg = equiv.settings(seed=seed, hypothesis_settings=hypothesis.settings(database=None))
+    assert cfg.max_examples == equiv.settings().max_examples == 30
+    return cfg
+
+
+def run(impl, seed: int = 0) -> equiv.Report:
+    return equiv.check(impl, settings=default(seed), raise_on_failure=False)
+
+
+def caught(impl, check: str, *lines: str) -> equiv.Finding:
+    """``impl`` is caught on every seed, by ``check``, with ``lines`` in the message."""
+    for seed in SEEDS:
+        report = run(impl, seed)
+        assert not report.ok, f"seed {seed}: not caught in {report.examples_run} examples"
+        f = next((f for f in report.findings if f.check == check), None)
+        assert f is not None, report.render()
+        for line in lines:
+            assert line in f.message, f.message
+    return f
+
+
+def passes(impl) -> None:
+    for seed in SEEDS:
+        report = run(impl, seed)
+        assert report.ok, report.render()
+        assert report.examples_run >= 20
+
+
+# -- a layout bug: wrong only for transposed (permuted) memory ---------------------------------
+def double_ref(x):
+    return x * 2
+
+
+def test_transposed_only_bug_is_caught_and_named():
+    """empty_like keeps x's strides; writing the result in row-major order transposes it."""
+    @equivalent_to(double_ref)
+    def double(x):
+        out = torch.empty_like(x)
+        out.as_strided((x.numel(),), (1,)).copy_((x * 2).reshape(-1))
+        return out
+
+    f = caught(double, "forward", "input variant: x transposed", "transposed, strides (1, 2)",
+               "x = storage0.as_strided((2, 2), (1, 2), 0)")
+    assert f.failure_class is equiv.OutputMismatch
+
+
+def test_transposed_twin_passes():
+    """The same kernel with a contiguous output is correct for every layout."""
+    @equivalent_to(double_ref)
+    def double(x):
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        out.as_strided((x.numel(),), (1,)).copy_((x * 2).reshape(-1))
+        return out
+
+    passes(double)
+
+
+def test_transposed_bug_shrinks_to_2x2_transposed():
+    """Shrinks to a 2-D transposed tensor of at most 2x2 (here exactly 2x2)."""
+    @equivalent_to(double_ref)
+    def double(x):
+        out = torch.empty_like(x)
+        out.as_strided((x.numel(),), (1,)).copy_((x * 2).reshape(-1))
+        return out
+
+    for seed in SEEDS:
+        f = run(double, seed).findings[0]
+        assert "double(x=f64[2,2] cpu grad (transposed, strides (1, 2)))" in f.example, f.example
+
+
+# -- wrong only for expanded (stride-0) input ---------------------------------------------------
+def _broadcast_dim(x):
+    return next((i for i, (s, n) in enumerate(zip(x.stride(), x.shape)) if s == 0 and n > 1),
+                None)
+
+
+def test_expanded_only_bug_is_caught():
+    @equivalent_to(double_ref)
+    def double(x):
+        d = _broadcast_dim(x)
+        if d is not None:  # broadcast fast path: compute one slice, expand it
+            return x.narrow(d, 0, 1).expand_as(x).clone()  # bug: forgot the * 2
+        return x * 2
+
+    f = caught(double, "forward", "input variant: x expanded (stride 0 along dim", "expanded, "
+               "strides", "in a storage of")
+    assert ", 0" in f.example or "(0," in f.example
+
+
+def test_expanded_twin_passes():
+    """A correct broadcast fast path that returns a stride-0 output."""
+    @equivalent_to(double_ref)
+    def double(x):
+        d = _broadcast_dim(x)
+        if d is not None:
+            return (x.narrow(d, 0, 1) * 2).expand_as(x)
+        return x * 2
+
+    passes(double)
+
+
+def relu_ref(x):
+    return torch.relu(x)
+
+
+def test_expanded_mutated_argument_must_raise_or_match():
+    """In-place into an expanded x raises in torch: accepted. Writing into a copy instead of x
+    is caught (x's final value differs)."""
+    @equivalent_to(relu_ref, mutates={"x": "out"})
+    def relu_(x):
+        return x.clamp_(min=0)
+
+    passes(relu_)
+
+    @equivalent_to(relu_ref, mutates={"x": "out"})
+    def relu_copy_(x):
+        if _broadcast_dim(x) is not None:
+            return x.clamp(min=0)  # silently leaves x unchanged
+        return x.clamp_(min=0)
+
+    caught(relu_copy_, "mutation", "input variant: x expanded",
+           "the final value of mutated argument 'x' differs")
+
+
+# -- the same tensor in two slots / overlapping views ------------------------------------------
+def mul_ref(x, y):
+    return x * y
+
+
+def test_same_tensor_bug_is_caught():
+    """A "square" fast path keyed on storage and offset, with a wrong formula."""
+    @equivalent_to(mul_ref)
+    def mul(x, y):
+        if (x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+                and x.storage_offset() == y.storage_offset()):
+            return x * x.abs()  # wrong for negatives
+        return x * y
+
+    caught(mul, "forward", "input variant: y is the same tensor as x", "y=<same tensor as x>",
+           "y = x  # the same tensor in two slots")
+
+
+def test_same_tensor_twin_passes():
+    @equivalent_to(mul_ref)
+    def mul(x, y):
+        if x is y:
+            return x.square()
+        return x * y
+
+    passes(mul)
+
+
+def test_same_tensor_bug_shrinks_to_smallest_pair():
+    """Shrinks to the smallest aliased pair: one 0-d float64 tensor in both slots."""
+    @equivalent_to(mul_ref)
+    def mul(x, y):
+        if x is y:
+            return x.square() + 1
+        return x * y
+
+    for seed in SEEDS:
+        f = run(mul, seed).findings[0]
+        assert f.example == "mul(x=f64[] cpu grad, y=<same tensor as x>)", f.example
+        assert "y = x  # the same tensor in two slots" in f.example_code
+
+
+def test_overlapping_views_bug_is_caught():
+    """Same storage taken to mean same tensor: wrong for overlapping views."""
+    @equivalent_to(mul_ref)
+    def mul(x, y):
+        if x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr():
+            return x * x
+        return x * y
+
+    f = caught(mul, "forward", "overlapping views of one base", "overlaps x")
+    assert "storage0.as_strided" in f.example_code
+
+
+def test_overlapping_bug_shrinks_to_smallest_pair():
+    @equivalent_to(mul_ref)
+    def mul(x, y):
+        if x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr() and x is not y:
+            return x * x
+        return x * y
+
+    for seed in SEEDS:
+        f = run(mul, seed).findings[0]
+        assert f.example == ("mul(x=f64[2] cpu grad, y=f64[2] cpu grad (overlaps x (1 shared "
+                             "elements), storage offset 1))"), f.example
+
+
+def test_overlapping_twin_passes():
+    @equivalent_to(mul_ref)
+    def mul(x, y):
+        same = (x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+                and x.storage_offset() == y.storage_offset() and x.stride() == y.stride()
+                and x.shape == y.shape)
+        return x.square() if same else x * y
+
+    passes(mul)
+
+
+# -- aliasing a mutated argument (opt-in) -----------------------------------------------------
+def add_scaled_ref(x, y):
+    return 2 * x + y
+
+
+def test_mutated_aliasing_bug_is_caught_when_allowed():
+    """x.mul_(2).add_(y) reads y after writing x: wrong when y is x. Only explored with
+    variants including 'aliasing-mutated'; the default leaves mutated arguments unaliased."""
+    def bug(x, y):
+        return x.mul_(2).add_(y)
+
+    quiet = equivalent_to(add_scaled_ref, mutates={"x": "out"})(bug)
+    passes(quiet)
+    loud = equivalent_to(add_scaled_ref, mutates={"x": "out"},
+                         variants=("layouts", "aliasing", "aliasing-mutated"))(
+        lambda x, y: bug(x, y))
+    caught(loud, "mutation", "y is the same tensor as x")
+
+
+def test_mutated_aliasing_twin_passes():
+    """Reads y before the write that could change it; torch refuses partial overlap (raise
+    accepted)."""
+    @equivalent_to(add_scaled_ref, mutates={"x": "out"},
+                   variants=("layouts", "aliasing", "aliasing-mutated"))
+    def add_scaled_(x, y):
+        return x.add_(y, alpha=0.5).mul_(2)
+
+    passes(add_scaled_)
+
+
+# -- a batch of one, float16 ---------------------------------------------------------------------
+def center_ref(x):
+    return x - x.mean(dim=0, keepdim=True)
+
+
+def test_batch_of_one_bug_is_caught():
+    """squeeze() also drops a batch of one, so the mean runs over features."""
+    @equivalent_to(center_ref)
+    def center(x):
+        y = x.squeeze()
+        return (y - y.mean(dim=0, keepdim=True)).reshape(x.shape)
+
+    f = caught(center, "forward", "Mismatched elements")
+    assert "x=f64[1," in f.example, f.example
+
+
+def test_batch_of_one_twin_passes():
+    @equivalent_to(center_ref)
+    def center(x):
+        y = x.flatten(1) if x.dim() >= 2 else x  # keeps the batch dim, even of size 1
+        return (y - y.mean(dim=0, keepdim=True)).reshape(x.shape)
+
+    passes(center)
+
+
+def test_float16_bug_is_caught():
+    @equivalent_to(double_ref)
+    def double(x):
+        if x.dtype == torch.float16:
+            return x * 2.004  # a half kernel with a mis-rounded constant (0.2% off)
+        return x * 2
+
+    f = caught(double, "forward", "dtype: torch.float16")
+    assert "f16[" in f.example
+
+
+def test_float16_twin_passes():
+    @equivalent_to(double_ref)
+    def double(x):
+        if x.dtype in (torch.float16, torch.bfloat16):
+            return (x.float() * 2).to(x.dtype)  # upcast: exact
+        return x * 2
+
+    passes(double)
+
+
+# -- the variants option ----------------------------------------------------------------------
+def test_variants_off_misses_the_layout_bug():
+    """variants=False explores the drawn (contiguous) inputs only: the transposed bug hides."""
+    @equivalent_to(double_ref, variants=False)
+    def double(x):
+        out = torch.empty_like(x)
+        out.as_strided((x.numel(),), (1,)).copy_((x * 2).reshape(-1))
+        return out
+
+    passes(double)
+
+
+@pytest.mark.parametrize("value, match", [
+    ("transposed", r"unknown variant kind\(s\) \['transposed'\]"),
+    (("layouts", "aliases"), r"unknown variant kind\(s\) \['aliases'\]"),
+    (3, "give True"),
+])
+def test_bad_variants_option_fails_at_decoration(value, match):
+    with pytest.raises(equiv.InvalidArgument, match=match):
+        equivalent_to(double_ref, variants=value)(lambda x: x * 2)
+
+
+def test_variants_option_is_normalised():
+    f = equivalent_to(double_ref, variants="layouts")(lambda x: x * 2)
+    assert f.__equiv_spec__.variants == ("layouts",)
+    g = equivalent_to(double_ref)(lambda x: x * 2)
+    assert g.__equiv_spec__.variants == ("layouts", "aliasing")
