@@ -1,0 +1,111 @@
+"""Benchmark of equiv.strategies: generation cost per example, and torch.compile recompilations
+over 100 examples with compile-friendly shapes versus the default ones.
+
+Run: python bench/strategies_bench.py
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import logging
+
+import hypothesis
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import equiv.strategies as es
+from equiv.variants import DEFAULT_VARIANTS, with_variants
+
+N = 100
+SETTINGS = hypothesis.settings(max_examples=N, database=None, deadline=None, derandomize=True,
+                               suppress_health_check=list(hypothesis.HealthCheck))
+
+
+def per_example_ms(strategy: st.SearchStrategy) -> float:
+    """Mean wall time per example of drawing from ``strategy`` (test body does nothing)."""
+    calls = [0]
+
+    @SETTINGS
+    @given(strategy)
+    def run(_):
+        calls[0] += 1
+
+    t = time.perf_counter()
+    run()
+    return (time.perf_counter() - t) * 1000 / max(calls[0], 1)
+
+
+def generation() -> None:
+    def f(x, y):
+        pass
+
+    sig = inspect.signature(f)
+    cases = {
+        "tensors(shape=(4,)) f32": es.tensors(shape=(4,)),
+        "tensors(shape=(16,16)) f32": es.tensors(shape=(16, 16)),
+        "tensors(shape=(64,64)) f32": es.tensors(shape=(64, 64)),
+        "tensors(shape=(256,256)) f32": es.tensors(shape=(256, 256)),
+        "tensors(shapes(), layouts(), dtypes())": es.tensors(layout=es.layouts(),
+                                                             dtype=es.dtypes()),
+        "tensors((16,16), special=True)": es.tensors(shape=(16, 16), special=True),
+        "aliased_arguments(2)": es.aliased_arguments(2),
+        "arguments_for(f(x, y))": es.arguments_for(sig),
+        "arguments_for + runner variants": with_variants(es.arguments_for(sig), sig, (),
+                                                         DEFAULT_VARIANTS),
+    }
+    print(f"Generation cost per example ({N} examples each, derandomized):")
+    for name, strategy in cases.items():
+        print(f"  {name:42s} {per_example_ms(strategy):7.2f} ms")
+
+
+def compile_counts() -> None:
+    from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
+
+    def fn(x, y):
+        return (x * y).sin() + x
+
+    def count(backend_name: str, shape_strategy: st.SearchStrategy, dtype: torch.dtype,
+              layout: object = None) -> int:
+        torch._dynamo.reset()
+        counter = (CompileCounter() if backend_name == "eager"
+                   else CompileCounterWithBackend(backend_name))
+        compiled = torch.compile(fn, backend=counter)
+
+        @SETTINGS
+        @given(shape_strategy.flatmap(lambda s: st.tuples(
+            es.tensors(shape=s, dtype=dtype, requires_grad=backend_name == "aot_eager",
+                       layout=layout),
+            es.tensors(shape=s, dtype=dtype))))
+        def run(xy):
+            out = compiled(*xy)
+            if out.requires_grad:
+                out.sum().backward()
+
+        run()
+        return counter.frame_count
+
+    print(f"\ntorch.compile frames compiled over {N} examples of fn(x, y) = (x*y).sin() + x "
+          f"(torch {torch.__version__}; recompile_limit "
+          f"{torch._dynamo.config.recompile_limit}):")
+    cases = {
+        "shapes(compile_friendly=True) [2-D, sides 2/4]":
+            es.shapes(compile_friendly=True, max_dims=2),
+        "shapes(compile_friendly=True, max_dims=3, max_side=16)":
+            es.shapes(compile_friendly=True, max_dims=3, max_side=16),
+        "shapes() default [0-3-D, sides 0-4]": es.shapes(),
+    }
+    for backend in ("eager", "aot_eager"):
+        for name, strategy in cases.items():
+            print(f"  {backend:9s} {name:55s} {count(backend, strategy, torch.float32):3d}")
+        friendly = es.shapes(compile_friendly=True, max_dims=2)
+        print(f"  {backend:9s} {'compile-friendly 2-D + layouts() on x':55s} "
+              f"{count(backend, friendly, torch.float32, es.layouts()):3d}")
+
+
+if __name__ == "__main__":
+    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)  # the recompile-limit warning
+    generation()
+    compile_counts()
