@@ -234,6 +234,9 @@ class Template:
                 first = group_first.setdefault(s.group, s)
                 if first is not s:
                     layout = [_relation(s, first, g)] + layout
+                if s.requires_grad and g.requires_grad and (g.mutated or not g.simple):
+                    # what the implementation receives: a view or copy of a fresh leaf
+                    layout.append("non-leaf")
                 if layout:
                     text += " (" + ", ".join(layout) + ")"
                 parts.append(text)

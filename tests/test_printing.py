@@ -44,6 +44,13 @@ def test_summary_names_layouts_and_aliases():
     text = same.describe("f")
     assert "b=<same tensor as a>" in text
     assert "c=f32[2] cpu (view of a, storage offset 7)" in text
+    grad = Template(inspect.signature(f), Args(*[t.requires_grad_() for t in
+                                                 (torch.ones(2), torch.ones(2, 2).t(),
+                                                  torch.ones(3), torch.ones(1))]), mutated=["c"])
+    text = grad.describe("f")
+    assert "a=f32[2] cpu grad," in text  # passed as a leaf
+    assert "b=f32[2,2] cpu grad (transposed, strides (1, 2))" in text
+    assert "c=f32[3] cpu grad (non-leaf)" in text  # written in place: a copy of a leaf
 
 
 def test_disjoint_views_are_named():

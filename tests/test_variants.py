@@ -178,7 +178,7 @@ def test_same_tensor_bug_shrinks_to_smallest_pair():
 
     for seed in SEEDS:
         f = run(mul, seed).findings[0]
-        assert f.example == "mul(x=f64[] cpu grad, y=<same tensor as x>)", f.example
+        assert f.example == "mul(x=f64[] cpu grad (non-leaf), y=<same tensor as x>)", f.example
         assert "y = x  # the same tensor in two slots" in f.example_code
 
 
@@ -203,8 +203,8 @@ def test_overlapping_bug_shrinks_to_smallest_pair():
 
     for seed in SEEDS:
         f = run(mul, seed).findings[0]
-        assert f.example == ("mul(x=f64[2] cpu grad, y=f64[2] cpu grad (overlaps x (1 shared "
-                             "elements), storage offset 1))"), f.example
+        assert f.example == ("mul(x=f64[2] cpu grad (non-leaf), y=f64[2] cpu grad (overlaps x "
+                             "(1 shared elements), storage offset 1, non-leaf))"), f.example
 
 
 def test_overlapping_twin_passes():
