@@ -321,3 +321,34 @@ def test_variants_option_is_normalised():
     assert f.__equiv_spec__.variants == ("layouts",)
     g = equivalent_to(double_ref)(lambda x: x * 2)
     assert g.__equiv_spec__.variants == ("layouts", "aliasing")
+
+
+def test_raising_on_a_variant_of_an_unmutated_argument_is_a_finding():
+    """Only mutated arguments get "must raise or match": view(-1) failing on a transposed input
+    is an error-parity finding that names the variant."""
+    @equivalent_to(double_ref)
+    def double(x):
+        return (x.view(-1) * 2).view(x.shape)
+
+    f = caught(double, "error-parity", "the implementation raised RuntimeError",
+               "input variant: x ", "view size is not compatible")
+    assert f.failure_class is equiv.ErrorMismatch
+
+
+def test_variants_never_touch_the_users_tensors():
+    """Variants re-lay out and alias copies: the user's example tensors keep values and
+    versions, even against an in-place implementation."""
+    import hypothesis.strategies as st
+
+    x = torch.tensor([[1.5, -2.5], [0.5, 3.5]])
+    y = torch.tensor([[0.5, 1.5], [2.5, -0.5]])
+    before = (x.clone(), y.clone(), x._version, y._version)
+
+    @equivalent_to(add_scaled_ref, mutates={"x": "out"}, inputs=st.just((x, y)),
+                   variants=("layouts", "aliasing", "aliasing-mutated"))
+    def add_scaled_(x, y):
+        return x.add_(y, alpha=0.5).mul_(2)
+
+    passes(add_scaled_)
+    assert torch.equal(x, before[0]) and torch.equal(y, before[1])
+    assert (x._version, y._version) == before[2:]
