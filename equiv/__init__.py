@@ -14,7 +14,8 @@ from equiv.errors import (
     ScheduleMismatch,
 )
 from equiv.examples import Args
-from equiv.report import Finding, Report
+from equiv.modes import Mode, compiled
+from equiv.report import Finding, ModeResult, Report
 from equiv.run import check
 from equiv.spec import Spec, equivalent_to, registry
 
@@ -30,12 +31,15 @@ __all__ = [
     "GradientMismatch",
     "InvalidArgument",
     "MemoryMismatch",
+    "Mode",
+    "ModeResult",
     "MutationMismatch",
     "OutputMismatch",
     "Report",
     "ScheduleMismatch",
     "Spec",
     "check",
+    "compiled",
     "equivalent_to",
     "registry",
     "settings",

@@ -69,7 +69,10 @@ class settings:
             raise InvalidArgument(f"settings(seed={self.seed!r}): give an integer or None.")
         for name in ("modes", "devices", "checks"):
             value = getattr(self, name)
-            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+            # modes also take equiv.compiled(...) objects (equiv.modes.Mode)
+            ok = (lambda v: isinstance(v, str) or hasattr(v, "kind")) if name == "modes" else (
+                lambda v: isinstance(v, str))
+            if isinstance(value, str) or not all(ok(v) for v in value):
                 raise InvalidArgument(
                     f"settings({name}={value!r}): give a tuple of strings, e.g. ('eager',)."
                 )
@@ -118,7 +121,7 @@ class settings:
     def summary(self) -> str:
         return (
             f"profile={self.profile} max_examples={self.max_examples} "
-            f"modes={','.join(self.modes)} devices={','.join(self.devices)}"
+            f"modes={','.join(map(str, self.modes))} devices={','.join(self.devices)}"
         )
 
 

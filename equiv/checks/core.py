@@ -19,6 +19,7 @@ from equiv._settings import settings as Settings
 from equiv.compare import Mismatch, compare_leaf, compare_trees
 from equiv.errors import InvalidArgument
 from equiv.examples import Args, Side, Template
+from equiv.modes import normalise_error
 from equiv.report import Finding
 from equiv.spec import Spec
 
@@ -51,7 +52,7 @@ def _call(fn: Callable[..., Any], side: Side) -> tuple[Any, BaseException | None
         with torch.enable_grad():
             return side.call(fn), None
     except Exception as e:  # the user's code raised: evidence, never a crash of equiv
-        return None, e
+        return None, normalise_error(e)
 
 
 def _is_diff(t: Any) -> bool:
@@ -71,8 +72,13 @@ def _storage_key(t: torch.Tensor) -> tuple[Any, int] | None:
 
 
 class _Run:
-    def __init__(self, spec: Spec, cfg: Settings, cot_seed: int, mode: str, device: str) -> None:
+    def __init__(self, spec: Spec, cfg: Settings, cot_seed: int, mode: str, device: str,
+                 impl_fn: Callable[..., Any] | None = None,
+                 ref_fn: Callable[..., Any] | None = None) -> None:
         self.spec, self.cfg, self.cot_seed, self.mode, self.device = spec, cfg, cot_seed, mode, device
+        # how each side is executed in this mode (equiv.modes); eager: as written
+        self.impl_fn = impl_fn if impl_fn is not None else spec.impl
+        self.ref_fn = ref_fn if ref_fn is not None else spec.ref
         self.findings: list[Finding] = []
         self.notes: list[str] = []
         self.template: Template | None = None
@@ -104,14 +110,15 @@ class _Run:
         spec = self.spec
         template = Template(spec.signature, example, spec.mutates.keys())
         self.template = template
-        ref_side = template.instantiate()
+        ref_side = template.instantiate(device=self.device)
         ref_before, ref_versions = ref_side.snapshot(), ref_side.versions()
-        ref_result, ref_exc = _call(spec.ref, ref_side)
+        ref_result, ref_exc = _call(self.ref_fn, ref_side)
         if ref_exc is None:
             self._check_reference_pure(ref_side, ref_before, ref_versions)
-        impl_side = template.instantiate()
+        impl_side = template.instantiate(device=self.device)
         impl_versions = impl_side.versions()
-        impl_result, impl_exc = _call(spec.impl, impl_side)
+        impl_result, impl_exc = _call(self.impl_fn, impl_side)
+        where = "" if self.mode == "eager" else f" under {self.mode}"
 
         if ref_exc is not None:
             if impl_exc is not None and isinstance(impl_exc, type(ref_exc)):
@@ -121,7 +128,8 @@ class _Run:
                    else f"raised {type(impl_exc).__name__}: {str(impl_exc)[:300]}")
             self.finding(
                 "error-parity",
-                f"the reference raised {type(ref_exc).__name__} but the implementation {got}.",
+                f"the reference raised {type(ref_exc).__name__} but the implementation{where} "
+                f"{got}.",
                 details=f"reference error: {type(ref_exc).__name__}: {str(ref_exc)[:300]}",
                 tb=_format_tb(impl_exc) if impl_exc is not None else None,
                 fix="reject this input in the implementation the way the reference does, or "
@@ -136,8 +144,8 @@ class _Run:
                        "reference's result>}, or write into a copy.")
             self.finding(
                 "error-parity",
-                f"the implementation raised {type(impl_exc).__name__} where the reference "
-                "returned normally.",
+                f"the implementation{where} raised {type(impl_exc).__name__} where the "
+                "reference returned normally.",
                 details=f"{type(impl_exc).__name__}: {str(impl_exc)[:400]}",
                 tb=_format_tb(impl_exc), fix=fix,
             )
@@ -212,7 +220,7 @@ class _Run:
                         finals: dict[str, Any]) -> None:
         template = self.template
         assert template is not None
-        expected = template.instantiate(grad=False)
+        expected = template.instantiate(grad=False, device=self.device)
         with torch.no_grad():
             for arg, final in finals.items():
                 target = expected.argument(arg)
@@ -452,8 +460,8 @@ class _Run:
                          "during backward.", argument=m.path, mismatch=m, exact=True,
                          likely_cause="backward writes into a tensor the forward returned.")
             return
-        second = self.template.instantiate()
-        _, exc = _call(self.spec.impl, second)
+        second = self.template.instantiate(device=self.device)
+        _, exc = _call(self.impl_fn, second)
         if exc is not None:
             self.finding("output-stability", f"a second call to the implementation raised "
                          f"{type(exc).__name__} on the same example.", tb=_format_tb(exc))
@@ -518,6 +526,8 @@ def _brief(x: Any) -> str:
 
 
 def run_example(spec: Spec, example: Args, cot_seed: int, cfg: Settings, *, mode: str = "eager",
-                device: str = "cpu") -> Outcome:
-    """Run every selected check on one example."""
-    return _Run(spec, cfg, cot_seed, mode, device).run(example)
+                device: str = "cpu", impl_fn: Callable[..., Any] | None = None,
+                ref_fn: Callable[..., Any] | None = None) -> Outcome:
+    """Run every selected check on one example; ``impl_fn``/``ref_fn`` execute each side in
+    ``mode`` (default: as written)."""
+    return _Run(spec, cfg, cot_seed, mode, device, impl_fn, ref_fn).run(example)
