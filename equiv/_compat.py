@@ -26,7 +26,16 @@ def dynamo() -> Any:
 
 
 def lookup_backend(name: str) -> Any:
-    return dynamo().lookup_backend(name)
+    from equiv.errors import InvalidArgument
+
+    d = dynamo()
+    try:
+        return d.lookup_backend(name)
+    except d.exc.InvalidBackend:
+        raise InvalidArgument(
+            f"compile[{name}]: {name!r} is not a torch.compile backend; available here: "
+            f"{sorted(d.list_backends())} (or pass a callable: equiv.compiled(my_backend))."
+        ) from None
 
 
 def graph_break_counter() -> dict[str, int]:

@@ -243,8 +243,6 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int,
     failed = any(f.check != "not-compiled" for f in findings)
     status = state.status(failed)
     info = state.info()
-    if info:
-        notes.append(f"{mode.name} on {device}: {info}")
     result = ModeResult(
         mode.name, device, status, state.examples, state.reason(),
         compilations=state.compilations["impl"] if mode.is_compile else None,

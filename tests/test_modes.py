@@ -116,3 +116,340 @@ def test_correct_backend_twin_passes():
     report = check(_seed_spec(), settings=FAST, modes=(equiv.compiled(passthrough),))
     assert report.ok and report.runs[0].status == "passed"
     assert report.runs[0].mode == "compile[passthrough]"
+
+
+# -- a real compile-only divergence on torch 2.13 CPU: overlapping views ----------------------
+def _overlap_final_b(a2, b):
+    """b's values after a was doubled in place, when b overlaps a one element later."""
+    same = a2.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    if same and b.storage_offset() - a2.storage_offset() == 1:
+        return torch.cat([a2[1:], b[-1:]])
+    return b
+
+
+def scale_then_add_ref(a, b):
+    a2 = a * 2
+    return a2, a2 + _overlap_final_b_ref(a, a2, b)
+
+
+def _overlap_final_b_ref(a, a2, b):
+    same = a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    if same and b.storage_offset() - a.storage_offset() == 1:
+        return torch.cat([a2[1:], b[-1:]])
+    return b
+
+
+def _separate():
+    return (torch.arange(3.0), torch.arange(3.0) + 10)
+
+
+def _overlapping():
+    base = torch.arange(4.0)
+    return (base[:3], base[1:])
+
+
+def _overlap_spec(examples):
+    @equivalent_to(scale_then_add_ref, mutates={"a": 0},
+                   inputs=st.sampled_from([0, 1]).map(
+                       lambda i: _separate() if i == 0 else _overlapping()),
+                   examples=examples)
+    def scale_then_add_(a, b):
+        a.mul_(2)
+        return a, a + b
+
+    return scale_then_add_
+
+
+def test_overlapping_views_compile_only_divergence_is_caught_and_attributed():
+    """aot_eager reuses a graph compiled for separate inputs on overlapping views: wrong."""
+    with pytest.raises(equiv.OutputMismatch) as info:
+        check(_overlap_spec([_overlapping(), _separate()]), settings=FAST,
+              modes=("eager", "compile[aot_eager]"))
+    report = info.value.report
+    assert {f.mode for f in report.findings} == {"compile[aot_eager]"}
+    f = report.findings[0]
+    assert f.check == "forward" and f.argument == "output[1]"
+    assert "b=f32[3] cpu (view of a's storage, offset 1)" in f.example
+    assert f.attribution.startswith("only the implementation under compile[aot_eager] diverges")
+    assert _run("eager")(report).status == "passed"
+    assert _run("compile[aot_eager]")(report).status == "FAIL"
+
+
+def test_compiled_for_overlapping_views_then_called_on_separate_tensors_raises():
+    """The reverse order: the graph compiled for overlapping views breaks on separate ones."""
+    with pytest.raises(equiv.ErrorMismatch) as info:
+        check(_overlap_spec([_separate(), _overlapping()]), settings=FAST,
+              modes=("eager", "compile[aot_eager]"))
+    f = info.value.report.findings[0]
+    assert f.mode == "compile[aot_eager]" and f.check == "error-parity"
+    assert "the implementation under compile[aot_eager] raised RuntimeError" in f.headline
+    assert "out of bounds for storage" in f.details
+    assert f.attribution.startswith("only the implementation under compile[aot_eager]")
+
+
+def test_overlapping_views_twin_passes_with_the_eager_backend():
+    report = check(_overlap_spec([_overlapping(), _separate()]), settings=FAST,
+                   modes=("eager", "compile[eager]"))
+    assert report.ok
+    assert [r.status for r in report.runs] == ["passed", "passed"]
+
+
+# -- graph breaks, recompile limit ------------------------------------------------------------
+def normalise_ref(x):
+    return x / x.abs().max()
+
+
+def test_graph_break_is_reported():
+    """``.item()`` breaks the graph: counted and named in the report, and the run passes."""
+    @equivalent_to(normalise_ref, mutates={"x": "out"},
+                   inputs=st.tuples(tensors(shape=(5,), dtype=torch.float64)))
+    def normalise_(x):
+        return x.div_(x.abs().max().item())
+
+    report = check(normalise_, settings=FAST, modes=("compile[eager]",))
+    (run,) = report.runs
+    assert run.status == "passed" and run.graph_breaks >= 1
+    assert any("item()" in r for r in run.break_reasons), run.break_reasons
+    assert "graph break" in run.info
+    assert "mode compile[eager] on cpu: passed" in report.render()
+    assert "graph break" in report.render()
+
+
+def twice_ref(x):
+    return x * 2
+
+
+def test_recompile_limit_fallback_is_reported_as_not_compiled():
+    """Hitting the recompile limit is 'not compiled', never a pass."""
+    @equivalent_to(twice_ref, inputs=st.tuples(tensors(shape=shapes(min_dims=1, max_dims=3),
+                                                       dtype=torch.float64)))
+    def twice(x):
+        return x * 2
+
+    mode = equiv.compiled("eager", dynamic=False, recompile_limit=1)
+    with pytest.raises(equiv.EquivalenceFailure) as info:
+        check(twice, settings=equiv.settings(FAST, max_examples=10), modes=(mode,))
+    report = info.value.report
+    (run,) = report.runs
+    assert run.status == "not compiled"
+    assert "recompile limit (1)" in run.reason
+    (f,) = report.findings
+    assert f.check == "not-compiled" and f.mode == "compile[eager,dynamic=False]"
+    assert "this is not a pass" in f.headline
+
+
+def test_dynamic_shapes_twin_compiles_once_and_passes():
+    @equivalent_to(twice_ref, inputs=st.tuples(tensors(
+        shape=shapes(min_dims=1, max_dims=1, min_side=2, max_side=6), dtype=torch.float64)))
+    def twice(x):
+        return x * 2
+
+    report = check(twice, settings=equiv.settings(FAST, max_examples=10),
+                   modes=(equiv.compiled("eager", dynamic=True, recompile_limit=1),))
+    (run,) = report.runs
+    assert run.status == "passed" and run.compilations == 1 and run.examples >= 5
+
+
+# -- error parity across modes ----------------------------------------------------------------
+def matvec_ref(m, v):
+    return torch.mv(m, v)
+
+
+_MV = st.tuples(tensors(shape=(3, 3), dtype=torch.float64),
+                tensors(shape=st.sampled_from([(3,), (4,)]), dtype=torch.float64))
+
+
+def test_error_parity_compiled_error_is_unwrapped():
+    """A shape error raised inside the compiled graph matches the reference's error type."""
+    @equivalent_to(matvec_ref, inputs=_MV)
+    def matvec(m, v):
+        return (m * v).sum(-1)  # broadcasting raises RuntimeError for the (4,) case, like mv
+
+    report = check(matvec, settings=equiv.settings(FAST, max_examples=10),
+                   modes=("eager", "compile[aot_eager]"))
+    assert report.ok and report.invalid_examples >= 1
+
+
+def test_error_parity_mode_that_returns_where_reference_raises():
+    @equivalent_to(matvec_ref, inputs=_MV)
+    def matvec_lenient(m, v):
+        return (m[:, : v.shape[0]] * v[: m.shape[1]]).sum(-1)  # never raises
+
+    with pytest.raises(equiv.ErrorMismatch) as info:
+        check(matvec_lenient, settings=equiv.settings(FAST, max_examples=10),
+              modes=("compile[aot_eager]",))
+    f = info.value.report.findings[0]
+    assert f.mode == "compile[aot_eager]"
+    assert "the reference raised RuntimeError but the implementation under compile[aot_eager] " \
+           "returned normally" in f.headline
+
+
+def test_normalise_error_unwraps_dynamo_wrappers():
+    from equiv._compat import dynamo
+    from equiv.modes import normalise_error
+
+    exc = dynamo().exc.TorchRuntimeError("RuntimeError when making fake tensor call\n"
+                                         "ValueError: bad size 4")
+    out = normalise_error(exc)
+    assert type(out) is ValueError and str(out) == "bad size 4" and out.__cause__ is exc
+    inner = KeyError("k")
+    wrapped = dynamo().exc.TorchRuntimeError("wrapper")
+    wrapped.__cause__ = inner
+    assert normalise_error(wrapped) is inner
+    plain = ValueError("user")
+    assert normalise_error(plain) is plain
+
+
+# -- functionalize and vmap: bugs eager cannot see --------------------------------------------
+def double_ref(x):
+    return x * 2
+
+
+_X = st.tuples(tensors(shape=(4,), dtype=torch.float64))
+
+
+def test_functionalize_catches_a_write_invisible_to_the_dispatcher():
+    """A write through .numpy() is lost under functionalize (and so under tracing)."""
+    @equivalent_to(double_ref, mutates={"x": "out"}, inputs=_X)
+    def double_numpy_(x):
+        x.numpy()[...] *= 2
+        return x
+
+    with pytest.raises(equiv.EquivalenceFailure) as info:
+        check(double_numpy_, settings=FAST, modes=("eager", "functionalize"))
+    report = info.value.report
+    assert {f.mode for f in report.findings} == {"functionalize"}
+    assert any(f.check == "mutation" and f.argument == "x" for f in report.findings)
+    assert _run("eager")(report).status == "passed"
+    assert report.findings[0].attribution.startswith("only the implementation under "
+                                                     "functionalize diverges")
+
+
+def test_functionalize_twin_passes():
+    @equivalent_to(double_ref, mutates={"x": "out"}, inputs=_X)
+    def double_(x):
+        return x.mul_(2)
+
+    report = check(double_, settings=FAST, modes=("eager", "functionalize"))
+    assert report.ok and [r.status for r in report.runs] == ["passed", "passed"]
+    assert any("gradients are not compared" in n for n in report.notes)
+
+
+def rowscale_ref(x, w):
+    return x * w.sum(-1, keepdim=True)
+
+
+def _rowscale_fn(respect_in_dims: bool):
+    class RowScale(torch.autograd.Function):
+        generate_vmap_rule = False
+
+        @staticmethod
+        def forward(x, w):
+            return x * w.sum(-1, keepdim=True)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def vmap(info, in_dims, x, w):
+            if respect_in_dims:  # move the batch dimension first, as the rule assumes
+                x = x.movedim(in_dims[0], 0) if in_dims[0] is not None else x
+                w = w.movedim(in_dims[1], 0) if in_dims[1] is not None else w
+            return x * w.sum(-1, keepdim=True), 0
+
+    return RowScale
+
+
+_XW = st.tuples(tensors(shape=(2, 3), dtype=torch.float64),
+                tensors(shape=(2, 3), dtype=torch.float64, salt=1))
+
+
+def test_vmap_catches_a_vmap_rule_that_ignores_in_dims():
+    fn = _rowscale_fn(False)
+
+    @equivalent_to(rowscale_ref, inputs=_XW)
+    def rowscale(x, w):
+        return fn.apply(x, w)
+
+    with pytest.raises(equiv.EquivalenceFailure) as info:
+        check(rowscale, settings=FAST, modes=("eager", "vmap"))
+    report = info.value.report
+    assert {f.mode for f in report.findings} == {"vmap"}
+    f = report.findings[0]
+    assert f.check == "forward" and "batch dimension last (in_dims=-1)" in f.headline
+    assert _run("eager")(report).status == "passed"
+
+
+def test_vmap_twin_with_a_correct_rule_passes():
+    fn = _rowscale_fn(True)
+
+    @equivalent_to(rowscale_ref, inputs=_XW)
+    def rowscale(x, w):
+        return fn.apply(x, w)
+
+    report = check(rowscale, settings=FAST, modes=("eager", "vmap"))
+    assert report.ok and _run("vmap")(report).status == "passed"
+
+
+def test_vmap_unsupported_function_is_skipped_not_passed():
+    class OldStyle(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            return x * w.sum(-1, keepdim=True)
+
+        @staticmethod
+        def backward(ctx, g):
+            raise NotImplementedError
+
+    @equivalent_to(rowscale_ref, inputs=_XW)
+    def rowscale(x, w):
+        return OldStyle.apply(x, w)
+
+    report = check(rowscale, settings=FAST, modes=("vmap",), checks=("forward",))
+    (run,) = report.runs
+    assert run.status == "skipped" and run.reason.startswith("unsupported: the implementation")
+    assert "vmap on cpu: skipped" in report.render()
+
+
+# -- devices ----------------------------------------------------------------------------------
+def test_every_requested_device_skipped_is_an_error():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(equiv.InvalidArgument, match="every requested device was skipped"):
+        check(_seed_spec(), settings=FAST, devices=("cuda",))
+
+
+def test_unavailable_device_is_skipped_with_a_reason():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    report = check(_seed_spec(), settings=FAST, devices=("cpu", "cuda"))
+    assert report.ok
+    cuda = [r for r in report.runs if r.device == "cuda"]
+    assert cuda and cuda[0].status == "skipped" and "CUDA is not available" in cuda[0].reason
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_eager_and_compiled():
+    report = check(_seed_spec(), settings=FAST, devices=("cuda",),
+                   modes=("eager", "compile[aot_eager]"))
+    assert report.ok and all(r.status == "passed" for r in report.runs)
+
+
+# -- the surface --------------------------------------------------------------------------------
+def test_unknown_mode_is_a_clear_error():
+    with pytest.raises(equiv.InvalidArgument, match="compile\\[aot\\]: .aot. is not a torch.compile backend"):
+        check(_seed_spec(), settings=FAST, modes=("compile[aot]",))
+    with pytest.raises(equiv.InvalidArgument, match="unknown option 'fast'"):
+        check(_seed_spec(), settings=FAST, modes=("compile[eager,fast]",))
+    with pytest.raises(equiv.InvalidArgument, match="compiled\\(backend=3\\)"):
+        equiv.compiled(3)
+
+
+def test_import_equiv_does_not_load_dynamo():
+    code = ("import sys, equiv; "
+            "bad = [m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
