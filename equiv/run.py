@@ -244,7 +244,7 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int,
     status = state.status(failed)
     info = state.info()
     result = ModeResult(
-        mode.name, device, status, state.examples, state.reason(),
+        mode.name, device, status, state.examples, "" if status == "FAIL" else state.reason(),
         compilations=state.compilations["impl"] if mode.is_compile else None,
         graph_breaks=sum(state.graph_breaks.values()) if mode.is_compile else None,
         break_reasons=tuple(state.graph_breaks), info=info,
