@@ -215,6 +215,7 @@ class ModeRun:
         self.not_compiled: str | None = None
         self.unsupported: str | None = None
         self.examples = 0
+        self.flaky = False
         self._compiled: dict[str, Callable[..., Any]] = {}
 
     # -- the callables ----------------------------------------------------------------------

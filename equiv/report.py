@@ -97,9 +97,10 @@ class Finding:
 @dataclasses.dataclass(frozen=True)
 class ModeResult:
     """What one (mode, device) actually did: ``status`` is one of ``passed``, ``FAIL``,
-    ``not compiled`` (a compile mode that fell back to eager or captured no graph: never a pass)
-    or ``skipped`` (device unavailable, transform unsupported), with the reason and, for compile
-    modes, the compilation and graph-break counts."""
+    ``flaky`` (findings that did not reproduce on replay; still findings), ``not compiled`` (a
+    compile mode that fell back to eager or captured no graph: never a pass) or ``skipped``
+    (device unavailable, transform unsupported), with the reason and, for compile modes, the
+    compilation and graph-break counts."""
 
     mode: str
     device: str

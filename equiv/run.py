@@ -242,6 +242,9 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int,
         ))
     failed = any(f.check != "not-compiled" for f in findings)
     status = state.status(failed)
+    if status == "FAIL" and all(f.attribution == FLAKY for f in findings
+                                if f.check != "not-compiled"):
+        status = "flaky"
     info = state.info()
     result = ModeResult(
         mode.name, device, status, state.examples, "" if status == "FAIL" else state.reason(),
@@ -250,6 +253,11 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int,
         break_reasons=tuple(state.graph_breaks), info=info,
     )
     return findings, notes, result
+
+
+FLAKY = ("flaky: the minimal example did not reproduce this finding when replayed. Look for "
+         "nondeterminism (CUDA atomics, RNG, uninitialised memory) or state carried between "
+         "calls (a cache, a reused workspace).")
 
 
 def _execute(spec: Spec, args: Any, cot_seed: int, cfg: Settings, state: ModeRun,
@@ -266,8 +274,10 @@ def _execute(spec: Spec, args: Any, cot_seed: int, cfg: Settings, state: ModeRun
 
 def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str, found: "_Found",
                notes: list[str]) -> list[Finding]:
-    """Replay the minimal example: a finding that does not reproduce is flaky (a note, not a
-    failure); for a non-eager mode, say whether eager and the reference in this mode diverge."""
+    """Replay the minimal example: a finding that does not reproduce is marked flaky (kept: it
+    did diverge once, and state carried between calls is a bug too; the mode's status says
+    'flaky' instead of 'FAIL'); for a non-eager mode, say whether eager and the reference in this
+    mode diverge."""
     mode = state.mode
     findings = found.findings
     if found.example is None:
@@ -276,10 +286,9 @@ def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str, found: "_
         again = _execute(spec, found.example, found.cot_seed, cfg, state, device)
     except (NotCompiled, InvalidArgument):
         return findings
-    if not again.findings:
-        notes.append(f"flaky: {findings[0].kind} under {mode.name} on {device} did not reproduce "
-                     f"when the minimal example was replayed ({findings[0].headline})")
-        return []
+    if not {f.check for f in again.findings} & {f.check for f in findings}:
+        state.flaky = True
+        return [_with(f, attribution=FLAKY) for f in findings]
     if mode.kind == "eager":
         return findings
     eager = run_example(spec, found.example, found.cot_seed, cfg, mode="eager", device=device)

@@ -453,3 +453,21 @@ def test_import_equiv_does_not_load_dynamo():
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- replay -------------------------------------------------------------------------------------
+def test_a_finding_that_does_not_reproduce_on_replay_is_marked_flaky():
+    """Wrong on exactly one call (think: a nondeterministic kernel): kept, marked flaky."""
+    calls = {"n": 0}
+
+    @equivalent_to(double_ref, inputs=_X)
+    def double_once_wrong(x):
+        calls["n"] += 1
+        return x * (3 if calls["n"] == 1 else 2)
+
+    with pytest.raises(equiv.EquivalenceFailure) as info:
+        check(double_once_wrong, settings=FAST, modes=("eager",), checks=("forward",))
+    report = info.value.report
+    assert report.runs[0].status == "flaky"
+    assert report.findings and all("flaky" in (f.attribution or f.headline)
+                                   for f in report.findings)
