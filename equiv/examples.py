@@ -159,22 +159,26 @@ class Template:
                 g.requires_grad = False
 
     # -- building sides -------------------------------------------------------------------
-    def instantiate(self, *, grad: bool = True, device: torch.device | str | None = None) -> "Side":
-        """Fresh tensors with this example's structure (leaves for gradients when ``grad``)."""
+    def instantiate(self, *, grad: bool = True, device: torch.device | str | None = None,
+                    dtype: torch.dtype | None = None) -> "Side":
+        """Fresh tensors with this example's structure (leaves for gradients when ``grad``);
+        ``dtype`` converts the floating-point storages (a float64 reference, for instance)."""
         leaves: list[torch.Tensor | None] = []
         group_args: list[torch.Tensor] = []
         for g in self.groups:
             values = g.values if device is None else g.values.to(device)
+            if dtype is not None and values.dtype.is_floating_point:
+                values = values.to(dtype)
             rg = grad and g.requires_grad
             if g.simple:
                 s = self.slots[g.slots[0]]
                 with torch.no_grad():
-                    leaf = torch.empty_strided(s.size, s.stride, dtype=g.dtype,
+                    leaf = torch.empty_strided(s.size, s.stride, dtype=values.dtype,
                                                device=values.device)
                     leaf.copy_(values.as_strided(s.size, s.stride, 0))
                 leaf.requires_grad_(rg)
                 if rg and g.mutated:
-                    work = torch.empty_strided(s.size, s.stride, dtype=g.dtype,
+                    work = torch.empty_strided(s.size, s.stride, dtype=values.dtype,
                                                device=values.device)
                     work = work.copy_(leaf)
                 else:

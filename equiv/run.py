@@ -68,17 +68,25 @@ def _resolve(spec: Spec, cfg: Settings | None, **overrides: Any) -> Settings:
 def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: int | None = None,
           settings: Settings | None = None, checks: tuple[str, ...] | None = None,
           modes: tuple[str, ...] | None = None, devices: tuple[str, ...] | None = None,
+          reference_device: str | None = None, reference_dtype: Any = None,
           raise_on_failure: bool = True) -> Report:
     """Run every applicable check of ``impl``'s spec and return the :class:`Report`.
 
     Raises :class:`equiv.EquivalenceFailure` (an ``AssertionError``; the most specific subclass,
     e.g. ``GradientMismatch``) carrying ``.report`` when anything diverges, unless
     ``raise_on_failure=False``.
+
+    ``modes`` are stable names (``"eager"``, ``"compile[aot_eager]"``, ``"functionalize"``,
+    ``"vmap"``...) or :func:`equiv.compiled` objects; ``devices`` are run when available and
+    skipped with a reason otherwise. ``reference_device``/``reference_dtype`` run the reference
+    elsewhere (e.g. ``"cpu"``, ``torch.float64``) and compare its results at the
+    implementation's dtype and device, with that dtype's default tolerance.
     """
     spec = get_spec(impl)
     cfg = _resolve(spec, settings, max_examples=max_examples, seed=seed, checks=checks,
                    modes=modes, devices=devices)
     mode_objs = [parse_mode(m) for m in cfg.modes]  # unknown names: InvalidArgument here
+    reference = _reference_placement(reference_device, reference_dtype)
     run_seed = cfg.seed if cfg.seed is not None else (
         0 if cfg.derandomize else random.SystemRandom().randrange(2**32))
     findings: list[Finding] = []
@@ -100,11 +108,15 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
         )
     for device in available:
         for mode in mode_objs:
-            f, n, r = _run_mode(spec, cfg, mode, device, run_seed, stats)
+            f, n, r = _run_mode(spec, cfg, mode, device, run_seed, stats, reference)
             findings.extend(f)
             notes.extend(x for x in n if x not in notes)
             runs.append(r)
 
+    if reference != (None, None):
+        notes.insert(0, f"reference run on {reference[0] or 'the same device'} in "
+                        f"{reference[1] or 'the example dtype'}; compared at the implementation's "
+                        "dtype and device with that dtype's tolerance")
     report = Report(
         spec=spec.name, implementation=spec.implementation, reference=spec.reference,
         findings=tuple(_dedupe(findings)), seed=run_seed, examples_run=stats["runs"],
@@ -117,6 +129,20 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     return report
 
 
+def _reference_placement(device: Any, dtype: Any) -> tuple[str | None, Any]:
+    import torch
+
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise InvalidArgument(f"check(reference_dtype={dtype!r}): give a floating torch.dtype, "
+                              "e.g. torch.float64.")
+    if device is not None:
+        why = device_unavailable(str(device))
+        if why is not None:
+            raise InvalidArgument(f"check(reference_device={device!r}): {why}.")
+        device = str(device)
+    return device, dtype
+
+
 def _mode_settings(cfg: Settings, mode: Mode) -> Settings:
     if mode.kind == "functionalize":
         from equiv.modes import _FUNCTIONALIZE_CHECKS
@@ -127,9 +153,11 @@ def _mode_settings(cfg: Settings, mode: Mode) -> Settings:
 
 
 def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int,
-              stats: dict[str, int]) -> tuple[list[Finding], list[str], ModeResult]:
+              stats: dict[str, int], reference: tuple[str | None, Any] = (None, None),
+              ) -> tuple[list[Finding], list[str], ModeResult]:
     """Drive Hypothesis over the examples of one (mode, device)."""
     state = ModeRun(mode, spec.impl, spec.ref)
+    state.ref_device, state.ref_dtype = reference
     mcfg = _mode_settings(cfg, mode)
     notes: list[str] = []
     if mode.kind == "functionalize":
@@ -269,7 +297,8 @@ def _execute(spec: Spec, args: Any, cot_seed: int, cfg: Settings, state: ModeRun
 
         return transforms.run_transform_example(spec, args, cot_seed, cfg, state, device)
     return run_example(spec, args, cot_seed, cfg, mode=mode.name, device=device,
-                       impl_fn=state.impl_fn())
+                       impl_fn=state.impl_fn(), ref_device=state.ref_device,
+                       ref_dtype=state.ref_dtype)
 
 
 def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str, found: "_Found",
@@ -291,7 +320,8 @@ def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str, found: "_
         return [_with(f, attribution=FLAKY) for f in findings]
     if mode.kind == "eager":
         return findings
-    eager = run_example(spec, found.example, found.cot_seed, cfg, mode="eager", device=device)
+    eager = run_example(spec, found.example, found.cot_seed, cfg, mode="eager", device=device,
+                        ref_device=state.ref_device, ref_dtype=state.ref_dtype)
     eager_checks = {f.check for f in eager.findings}
     ref_diverges: set[str] = set()
     if mode.kind in ("compile", "functionalize"):

@@ -471,3 +471,42 @@ def test_a_finding_that_does_not_reproduce_on_replay_is_marked_flaky():
     assert report.runs[0].status == "flaky"
     assert report.findings and all("flaky" in (f.attribution or f.headline)
                                    for f in report.findings)
+
+
+# -- a float64 reference on CPU ------------------------------------------------------------------
+def naive_logsumexp_ref(x):
+    return torch.log(torch.exp(x).sum(-1))
+
+
+_BIG = st.tuples(tensors(shape=(2, 3), dtype=torch.float32, scale=60.0, requires_grad=True))
+
+
+def test_float64_reference_exposes_an_overflow_a_same_precision_reference_shares():
+    @equivalent_to(naive_logsumexp_ref, inputs=_BIG)
+    def logsumexp_naive(x):
+        return torch.log(torch.exp(x).sum(-1))
+
+    assert check(logsumexp_naive, settings=FAST).ok  # same formula, same float32 overflow
+    with pytest.raises(equiv.EquivalenceFailure) as info:
+        check(logsumexp_naive, settings=FAST, reference_device="cpu",
+              reference_dtype=torch.float64)
+    report = info.value.report
+    f = next(f for f in report.findings if f.check == "forward")
+    assert f.dtype == "torch.float32" and f.max_abs > 1e30  # an overflow, not rounding
+    assert "x=f32[2,3] cpu grad" in f.example
+    assert "reference run on cpu in torch.float64" in report.render()
+
+
+def test_float64_reference_twin_passes_within_float32_tolerance():
+    @equivalent_to(naive_logsumexp_ref, inputs=_BIG)
+    def logsumexp_stable(x):
+        return torch.logsumexp(x, -1)
+
+    report = check(logsumexp_stable, settings=FAST, reference_device="cpu",
+                   reference_dtype=torch.float64, modes=("eager", "compile[eager]"))
+    assert report.ok and [r.status for r in report.runs] == ["passed", "passed"]
+
+
+def test_reference_dtype_must_be_floating():
+    with pytest.raises(equiv.InvalidArgument, match="reference_dtype=torch.int64"):
+        check(_seed_spec(), settings=FAST, reference_dtype=torch.int64)

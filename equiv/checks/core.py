@@ -74,11 +74,16 @@ def _storage_key(t: torch.Tensor) -> tuple[Any, int] | None:
 class _Run:
     def __init__(self, spec: Spec, cfg: Settings, cot_seed: int, mode: str, device: str,
                  impl_fn: Callable[..., Any] | None = None,
-                 ref_fn: Callable[..., Any] | None = None) -> None:
+                 ref_fn: Callable[..., Any] | None = None, ref_device: str | None = None,
+                 ref_dtype: torch.dtype | None = None) -> None:
         self.spec, self.cfg, self.cot_seed, self.mode, self.device = spec, cfg, cot_seed, mode, device
         # how each side is executed in this mode (equiv.modes); eager: as written
         self.impl_fn = impl_fn if impl_fn is not None else spec.impl
         self.ref_fn = ref_fn if ref_fn is not None else spec.ref
+        # the reference may run elsewhere (e.g. float64 on CPU); its results are then compared
+        # at the implementation's dtype and device, with that dtype's tolerance
+        self.ref_device, self.ref_dtype = ref_device, ref_dtype
+        self.cross = ref_device is not None or ref_dtype is not None
         self.findings: list[Finding] = []
         self.notes: list[str] = []
         self.template: Template | None = None
@@ -110,7 +115,8 @@ class _Run:
         spec = self.spec
         template = Template(spec.signature, example, spec.mutates.keys())
         self.template = template
-        ref_side = template.instantiate(device=self.device)
+        ref_side = template.instantiate(device=self.ref_device or self.device,
+                                        dtype=self.ref_dtype)
         ref_before, ref_versions = ref_side.snapshot(), ref_side.versions()
         ref_result, ref_exc = _call(self.ref_fn, ref_side)
         if ref_exc is None:
@@ -155,10 +161,15 @@ class _Run:
             expected_out, finals, consumed = self._split(ref_result)
         except ReferenceError_:
             raise
+        ref_result_raw = ref_result
+        if self.cross:
+            expected_out = _cast_like(expected_out, impl_result)
+            finals = {a: _cast_like(f, impl_side.argument(a)) for a, f in finals.items()}
+            ref_result = expected_out
         out_snapshot = _detached_clone(impl_result)
         self._check_forward(impl_result, expected_out, consumed)
         self._check_mutation(impl_side, impl_versions, finals)
-        self._check_aliasing(impl_side, impl_result, ref_side, ref_result)
+        self._check_aliasing(impl_side, impl_result, ref_side, ref_result_raw)
         self._check_gradients(impl_side, impl_result, ref_side, ref_result, finals, consumed)
         self._check_stability(impl_result, out_snapshot)
         return self._outcome()
@@ -390,6 +401,8 @@ class _Run:
         r_leaves = [ref_side.leaves[g.index] for g in groups]
 
         ref1, err = _vjp(r_outs, r_leaves, cot1)
+        if err is None and self.cross:
+            ref1 = [r.to(device=i.device, dtype=i.dtype) for r, i in zip(ref1, i_leaves)]
         if err is not None:
             self.notes.append(f"reference backward raised {type(err).__name__}: "
                               f"{str(err)[:200]}; gradients not compared")
@@ -429,6 +442,8 @@ class _Run:
                              likely_cause="backward #1 modified a value saved for backward "
                                           "(a saved tensor or a reused buffer).")
         ref2, err = _vjp(r_outs, r_leaves, cot2)
+        if err is None and self.cross:
+            ref2 = [r.to(device=i.device, dtype=i.dtype) for r, i in zip(ref2, i_leaves)]
         given = [c.clone() for c in cot2]
         imp2, err2 = _vjp(i_outs, i_leaves, given)
         if err is None and err2 is None:
@@ -474,6 +489,24 @@ class _Run:
                                       "(e.g. a module-level cache) instead of a new tensor.",
                          fix="return a fresh tensor, or .clone() the workspace before returning.")
             return
+
+
+def _cast_like(ref: Any, like: Any) -> Any:
+    """``ref``'s floating tensors converted to the dtype and device of the matching leaf of
+    ``like`` (differentiably); unchanged where the structures differ."""
+    from equiv._compat import tree_unflatten
+
+    r_flat, r_spec = tree_flatten(ref)
+    l_flat, l_spec = tree_flatten(like)
+    if r_spec != l_spec:
+        return ref
+    out = []
+    for r, l in zip(r_flat, l_flat):
+        if (isinstance(r, torch.Tensor) and isinstance(l, torch.Tensor)
+                and r.dtype.is_floating_point and l.dtype.is_floating_point):
+            r = r.to(device=l.device, dtype=l.dtype)
+        out.append(r)
+    return tree_unflatten(out, r_spec)
 
 
 def _group_keys(side: Side, template: Template) -> dict[Any, int]:
@@ -527,7 +560,9 @@ def _brief(x: Any) -> str:
 
 def run_example(spec: Spec, example: Args, cot_seed: int, cfg: Settings, *, mode: str = "eager",
                 device: str = "cpu", impl_fn: Callable[..., Any] | None = None,
-                ref_fn: Callable[..., Any] | None = None) -> Outcome:
+                ref_fn: Callable[..., Any] | None = None, ref_device: str | None = None,
+                ref_dtype: torch.dtype | None = None) -> Outcome:
     """Run every selected check on one example; ``impl_fn``/``ref_fn`` execute each side in
-    ``mode`` (default: as written)."""
-    return _Run(spec, cfg, cot_seed, mode, device, impl_fn, ref_fn).run(example)
+    ``mode`` (default: as written); ``ref_device``/``ref_dtype`` run the reference elsewhere."""
+    return _Run(spec, cfg, cot_seed, mode, device, impl_fn, ref_fn, ref_device,
+                ref_dtype).run(example)
