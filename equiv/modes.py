@@ -11,6 +11,8 @@ A *mode* wraps how the implementation (and, for attribution, the reference) is c
   forward, mutation, aliasing, stability and error parity are compared (functionalize does not
   compose with autograd on mutated inputs, so gradients are not).
 - ``vmap`` -- ``torch.func.vmap`` of impl against ``vmap`` of ref, batch dimension first and last.
+- ``jvp`` -- forward-mode AD: ``torch.func.jvp`` of impl against ``jvp`` of ref (outputs and
+  final values of mutated arguments, one random tangent).
 
 Honesty: compilations and graph breaks are counted per (spec, mode) by a counting backend
 wrapper and Dynamo's graph-break counter; the recompile limit is raised per run and hitting it is
@@ -37,10 +39,10 @@ __all__ = ["Mode", "compiled", "parse_mode", "MODE_NAMES"]
 #: the stable mode names (reports, pytest ids, options)
 MODE_NAMES: tuple[str, ...] = (
     "eager", "compile[eager]", "compile[aot_eager]", "compile[inductor]", "functionalize",
-    "vmap",
+    "vmap", "jvp",
 )
 
-_KINDS = ("eager", "compile", "functionalize", "vmap")
+_KINDS = ("eager", "compile", "functionalize", "vmap", "jvp")
 
 #: checks each non-compile transform can run through the core (the rest are not applicable)
 _FUNCTIONALIZE_CHECKS = ("error-parity", "forward", "mutation", "aliasing", "output-stability")
@@ -108,7 +110,7 @@ def parse_mode(mode: "str | Mode") -> Mode:
         return mode
     if not isinstance(mode, str):
         raise InvalidArgument(f"modes=...: give mode names or equiv.compiled(...), got {mode!r}.")
-    if mode in ("eager", "functionalize", "vmap"):
+    if mode in ("eager", "functionalize", "vmap", "jvp"):
         return Mode(mode)
     m = _COMPILE_RE.match(mode)
     if m:

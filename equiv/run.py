@@ -292,10 +292,12 @@ def _execute(spec: Spec, args: Any, cot_seed: int, cfg: Settings, state: ModeRun
              device: str) -> Outcome:
     """One example in one mode."""
     mode = state.mode
-    if mode.kind == "vmap":
+    if mode.kind in ("vmap", "jvp"):
         from equiv.checks import transforms
 
-        return transforms.run_transform_example(spec, args, cot_seed, cfg, state, device)
+        run = (transforms.run_transform_example if mode.kind == "vmap"
+               else transforms.run_jvp_example)
+        return run(spec, args, cot_seed, cfg, state, device)
     return run_example(spec, args, cot_seed, cfg, mode=mode.name, device=device,
                        impl_fn=state.impl_fn(), ref_device=state.ref_device,
                        ref_dtype=state.ref_dtype)

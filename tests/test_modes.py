@@ -510,3 +510,86 @@ def test_float64_reference_twin_passes_within_float32_tolerance():
 def test_reference_dtype_must_be_floating():
     with pytest.raises(equiv.InvalidArgument, match="reference_dtype=torch.int64"):
         check(_seed_spec(), settings=FAST, reference_dtype=torch.int64)
+
+
+# -- jvp: forward-mode AD -------------------------------------------------------------------------
+def square_ref(x):
+    return x * x
+
+
+def _square_fn(right_jvp: bool):
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x * x
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            (x,) = inputs
+            ctx.save_for_backward(x)
+            ctx.x = x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 2 * x * g
+
+        @staticmethod
+        def jvp(ctx, t):
+            return (2 if right_jvp else 1) * ctx.x * t
+
+    return Square
+
+
+_XG = st.tuples(tensors(shape=(3,), dtype=torch.float64, requires_grad=True))
+
+
+def test_jvp_catches_a_wrong_forward_mode_formula_eager_cannot_see():
+    fn = _square_fn(False)
+
+    @equivalent_to(square_ref, inputs=_XG)
+    def square(x):
+        return fn.apply(x)
+
+    with pytest.raises(equiv.GradientMismatch) as info:
+        check(square, settings=FAST, modes=("eager", "jvp"))
+    report = info.value.report
+    (f,) = report.findings
+    assert f.mode == "jvp" and f.argument == "output"
+    assert "forward-mode derivative (jvp) of output differs" in f.headline
+    assert _run("eager")(report).status == "passed"
+
+
+def test_jvp_twin_passes_and_in_place_mutation_is_differentiated():
+    fn = _square_fn(True)
+
+    @equivalent_to(square_ref, inputs=_XG)
+    def square(x):
+        return fn.apply(x)
+
+    assert check(square, settings=FAST, modes=("jvp",)).runs[0].status == "passed"
+
+    @equivalent_to(square_ref, mutates={"x": "out"}, inputs=_XG)
+    def square_(x):
+        return x.mul_(x.clone())
+
+    assert check(square_, settings=FAST, modes=("eager", "jvp")).ok
+
+
+def test_jvp_without_a_forward_formula_is_skipped():
+    class NoJvp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    @equivalent_to(square_ref, inputs=_XG)
+    def square(x):
+        return NoJvp.apply(x)
+
+    report = check(square, settings=FAST, modes=("jvp",), checks=("forward", "gradients"))
+    (run,) = report.runs
+    assert run.status == "skipped" and "no forward-mode derivative" in run.reason
