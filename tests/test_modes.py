@@ -437,6 +437,19 @@ def test_cuda_eager_and_compiled():
     assert report.ok and all(r.status == "passed" for r in report.runs)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_float32_against_a_float64_cpu_reference():
+    @equivalent_to(naive_logsumexp_ref, inputs=st.tuples(tensors(shape=(2, 3),
+                                                                 dtype=torch.float32)))
+    def lse(x):
+        return torch.logsumexp(x, -1)
+
+    report = check(lse, settings=FAST, devices=("cuda",), reference_device="cpu",
+                   reference_dtype=torch.float64, modes=("eager", "compile[inductor]"))
+    assert report.ok and [r.status for r in report.runs] == ["passed", "passed"]
+
+
 # -- the surface --------------------------------------------------------------------------------
 def test_unknown_mode_is_a_clear_error():
     with pytest.raises(equiv.InvalidArgument, match="compile\\[aot\\]: .aot. is not a torch.compile backend"):
