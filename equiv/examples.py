@@ -165,26 +165,24 @@ class Template:
                 g.requires_grad = False
 
     # -- building sides -------------------------------------------------------------------
-    def instantiate(self, *, grad: bool = True, device: torch.device | str | None = None) -> "Side":
-        """Fresh tensors with this example's structure (leaves for gradients when ``grad``)."""
+    def instantiate(self, *, grad: bool = True, device: torch.device | str | None = None,
+                    shuffled: bool = False) -> "Side":
+        """Fresh tensors with this example's structure (leaves for gradients when ``grad``).
+
+        ``shuffled`` reverses each storage's values: same structure and value set, other values.
+        """
         leaves: list[torch.Tensor | None] = []
         group_args: list[torch.Tensor] = []
         for g in self.groups:
             values = g.values if device is None else g.values.to(device)
+            if shuffled:
+                values = values.flip(0)
             rg = grad and g.requires_grad
             if g.simple:
                 s = self.slots[g.slots[0]]
-                with torch.no_grad():
-                    leaf = torch.empty_strided(s.size, s.stride, dtype=g.dtype,
-                                               device=values.device)
-                    leaf.copy_(values.as_strided(s.size, s.stride, 0))
-                leaf.requires_grad_(rg)
-                if rg and g.mutated:
-                    work = torch.empty_strided(s.size, s.stride, dtype=g.dtype,
-                                               device=values.device)
-                    work = work.copy_(leaf)
-                else:
-                    work = leaf
+                # clone() keeps the strides of a non-overlapping dense tensor; version starts at 0
+                leaf = values.as_strided(s.size, s.stride, 0).clone().requires_grad_(rg)
+                work = leaf.clone() if (rg and g.mutated) else leaf
             else:
                 leaf = values.clone().requires_grad_(rg)
                 work = leaf.clone() if (rg and g.mutated) else leaf

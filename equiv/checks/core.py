@@ -452,12 +452,11 @@ class _Run:
                          "during backward.", argument=m.path, mismatch=m, exact=True,
                          likely_cause="backward writes into a tensor the forward returned.")
             return
-        second = self.template.instantiate()
+        # a second call on other values (same structure): a reused buffer would be overwritten
+        second = self.template.instantiate(shuffled=True)
         _, exc = _call(self.spec.impl, second)
         if exc is not None:
-            self.finding("output-stability", f"a second call to the implementation raised "
-                         f"{type(exc).__name__} on the same example.", tb=_format_tb(exc))
-            return
+            return  # the shuffled values may be invalid input: nothing to conclude
         for m in compare_trees(_detached(impl_out), snapshot, rtol=0, atol=0, exact=True):
             self.finding("output-stability", f"a second call to the implementation changed "
                          f"{m.path} returned by the first call.", argument=m.path, mismatch=m,
