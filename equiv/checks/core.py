@@ -493,8 +493,9 @@ def _detached_clone(tree: Any) -> Any:
 
 
 def _cotangent(like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    base = torch.complex128 if like.dtype.is_complex else torch.float64
-    return torch.randn(like.shape, generator=gen, dtype=base).to(like.dtype).to(like.device)
+    dtype = like.dtype if like.dtype in (torch.float32, torch.float64, torch.complex64,
+                                         torch.complex128) else torch.float32
+    return torch.randn(like.shape, generator=gen, dtype=dtype).to(like.dtype).to(like.device)
 
 
 def _vjp(outs: list[torch.Tensor], leaves: list[torch.Tensor],
