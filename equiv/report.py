@@ -118,7 +118,7 @@ class Report:
             f"equiv: {self.implementation} vs {self.reference}: {verdict} "
             f"({self.examples_run} examples, {self.invalid_examples} rejected as invalid; "
             f"modes {', '.join(self.modes)}; devices {', '.join(self.devices)}; "
-            f"seed {self.seed})"
+            f"{'derandomized' if self.seed is None else f'seed {self.seed}'})"
         )
 
     def render(self) -> str:

@@ -81,7 +81,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
                 f"unknown mode {mode!r}; available modes: {list(KNOWN_MODES)}."
             )
     run_seed = cfg.seed if cfg.seed is not None else (
-        0 if cfg.derandomize else random.SystemRandom().randrange(2**32))
+        None if cfg.derandomize else random.SystemRandom().randrange(2**32))
     stats = {"runs": 0, "invalid": 0}
     notes: list[str] = []
     last_invalid: list[str] = []
@@ -109,7 +109,9 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
             name = spec.impl.__name__ if hasattr(spec.impl, "__name__") else spec.name
             example_text = template.describe(name) if template else ""
             code = template.code(name) if template else ""
-            reproduce = f"equiv.check({name}, seed={run_seed})"
+            reproduce = (f"equiv.check({name}, seed={run_seed})" if run_seed is not None else
+                         f"equiv.check({name}) with the same profile ({cfg.profile}: "
+                         "derandomized)")
             findings = [
                 _with(f, example=example_text, example_code=code, reproduce=reproduce)
                 for f in outcome.findings
@@ -136,7 +138,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     wrapped = hypothesis.given(strategy)(test)
     for ex in spec.examples:
         wrapped = hypothesis.example((ex, 0))(wrapped)
-    if not cfg.derandomize:
+    if run_seed is not None:
         wrapped = hypothesis.seed(run_seed)(wrapped)
     wrapped = hyp(wrapped)
     wrapped.hypothesis.inner_test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
