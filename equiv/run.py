@@ -82,7 +82,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
             )
     run_seed = cfg.seed if cfg.seed is not None else (
         None if cfg.derandomize else random.SystemRandom().randrange(2**32))
-    stats = {"runs": 0, "invalid": 0}
+    stats = {"runs": 0, "invalid": 0, "first_failure": 0}
     notes: list[str] = []
     last_invalid: list[str] = []
     mode, device = "eager", "cpu"
@@ -105,6 +105,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
             last_invalid[:] = [outcome.invalid]
             hypothesis.reject()
         if outcome.findings:
+            stats["first_failure"] = stats["first_failure"] or stats["runs"]
             template = outcome.template
             name = spec.impl.__name__ if hasattr(spec.impl, "__name__") else spec.name
             example_text = template.describe(name) if template else ""
@@ -176,7 +177,8 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     report = Report(
         spec=spec.name, implementation=spec.implementation, reference=spec.reference,
         findings=tuple(_dedupe(findings)), seed=run_seed, examples_run=stats["runs"],
-        invalid_examples=stats["invalid"], modes=cfg.modes, devices=cfg.devices,
+        invalid_examples=stats["invalid"], first_failure_at=stats["first_failure"] or None,
+        modes=cfg.modes, devices=cfg.devices,
         checks=cfg.checks, notes=tuple(notes), settings=cfg.summary(),
     )
     if raise_on_failure:
