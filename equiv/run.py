@@ -153,6 +153,17 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
         findings.extend(e.findings)
     except _Abort as e:
         raise e.error from None
+    except FlakyFailure as e:
+        first = [f for x in e.exceptions if isinstance(x, _Found) for f in x.findings]
+        findings.append(Finding(
+            check="flaky", headline="the result is flaky: an example failed once and "
+            "passed when replayed (nondeterminism in the implementation or reference).",
+            spec=spec.name, implementation=spec.implementation, reference=spec.reference,
+            details="\n".join(["on its first run the example gave:"]
+                               + [f"  {f.kind}: {f.headline}" for f in first]) if first
+            else str(e)[:500],
+            example=first[0].example if first else "",
+            reproduce=first[0].reproduce if first else ""))
     except BaseExceptionGroup as group:  # several distinct bugs
         for exc in group.exceptions:
             if isinstance(exc, _Found):
@@ -167,13 +178,6 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
             f"example (last: {last_invalid[0] if last_invalid else '?'}). Make inputs= draw "
             "inputs the reference accepts."
         ) from None
-    except FlakyFailure as e:
-        findings.append(Finding(
-            check="error-parity", headline="the result is flaky: an example failed once and "
-            "passed when replayed (nondeterminism in the implementation or reference).",
-            spec=spec.name, implementation=spec.implementation, reference=spec.reference,
-            details=str(e)[:500], reproduce=f"equiv.check(..., seed={run_seed})"))
-
     report = Report(
         spec=spec.name, implementation=spec.implementation, reference=spec.reference,
         findings=tuple(_dedupe(findings)), seed=run_seed, examples_run=stats["runs"],
