@@ -88,11 +88,11 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     mode_objs = [parse_mode(m) for m in cfg.modes]  # unknown names: InvalidArgument here
     reference = _reference_placement(reference_device, reference_dtype)
     run_seed = cfg.seed if cfg.seed is not None else (
-        0 if cfg.derandomize else random.SystemRandom().randrange(2**32))
+        None if cfg.derandomize else random.SystemRandom().randrange(2**32))
     findings: list[Finding] = []
     notes: list[str] = []
     runs: list[ModeResult] = []
-    stats = {"runs": 0, "invalid": 0}
+    stats = {"runs": 0, "invalid": 0, "first_failure": 0}
     available = []
     for device in cfg.devices:
         why = device_unavailable(device)
@@ -120,7 +120,8 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     report = Report(
         spec=spec.name, implementation=spec.implementation, reference=spec.reference,
         findings=tuple(_dedupe(findings)), seed=run_seed, examples_run=stats["runs"],
-        invalid_examples=stats["invalid"], modes=tuple(m.name for m in mode_objs),
+        invalid_examples=stats["invalid"], first_failure_at=stats["first_failure"] or None,
+        modes=tuple(m.name for m in mode_objs),
         devices=cfg.devices, checks=cfg.checks, notes=tuple(notes), settings=cfg.summary(),
         runs=tuple(runs),
     )
@@ -152,7 +153,7 @@ def _mode_settings(cfg: Settings, mode: Mode) -> Settings:
     return cfg
 
 
-def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int,
+def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int | None,
               stats: dict[str, int], reference: tuple[str | None, Any] = (None, None),
               ) -> tuple[list[Finding], list[str], ModeResult]:
     """Drive Hypothesis over the examples of one (mode, device)."""
@@ -188,11 +189,14 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int,
             hypothesis.reject()
         state.examples += 1
         if outcome.findings:
+            stats["first_failure"] = stats["first_failure"] or stats["runs"]
             template = outcome.template
             name = spec.impl.__name__ if hasattr(spec.impl, "__name__") else spec.name
             example_text = template.describe(name) if template else ""
             code = template.code(name) if template else ""
-            reproduce = f"equiv.check({name}, seed={run_seed})"
+            reproduce = (f"equiv.check({name}, seed={run_seed})" if run_seed is not None else
+                         f"equiv.check({name}) with the same profile ({cfg.profile}: "
+                         "derandomized)")
             findings = [
                 _with(f, example=example_text, example_code=code, reproduce=reproduce)
                 for f in outcome.findings
@@ -219,7 +223,7 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int,
     wrapped = hypothesis.given(strategy)(test)
     for ex in spec.examples:
         wrapped = hypothesis.example((ex, 0))(wrapped)
-    if not cfg.derandomize:
+    if run_seed is not None:
         wrapped = hypothesis.seed(run_seed)(wrapped)
     wrapped = hyp(wrapped)
     wrapped.hypothesis.inner_test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
@@ -235,6 +239,18 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int,
             found.append(e)
         except _Abort as e:
             raise e.error from None
+        except FlakyFailure as e:  # before BaseExceptionGroup: FlakyFailure is one
+            first = [f for x in e.exceptions if isinstance(x, _Found) for f in x.findings]
+            findings.append(Finding(
+                check="flaky", headline="the result is flaky: an example failed once and "
+                "passed when replayed (nondeterminism in the implementation or reference).",
+                spec=spec.name, implementation=spec.implementation, reference=spec.reference,
+                mode=mode.name, device=device,
+                details="\n".join(["on its first run the example gave:"]
+                                   + [f"  {f.kind}: {f.headline}" for f in first]) if first
+                else str(e)[:500],
+                example=first[0].example if first else "",
+                reproduce=first[0].reproduce if first else ""))
         except BaseExceptionGroup as group:  # several distinct bugs
             for exc in group.exceptions:
                 if isinstance(exc, _Found):
@@ -249,13 +265,6 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int,
                 f"drawn example (last: {last_invalid[0] if last_invalid else '?'}). Make inputs= "
                 "draw inputs the reference accepts."
             ) from None
-        except FlakyFailure as e:
-            findings.append(Finding(
-                check="error-parity", headline="the result is flaky: an example failed once and "
-                "passed when replayed (nondeterminism in the implementation or reference).",
-                spec=spec.name, implementation=spec.implementation, reference=spec.reference,
-                mode=mode.name, device=device,
-                details=str(e)[:500], reproduce=f"equiv.check(..., seed={run_seed})"))
         for e in found:
             findings.extend(_attribute(spec, mcfg, state, device, e, notes))
     if state.not_compiled is not None:
@@ -270,7 +279,7 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int,
         ))
     failed = any(f.check != "not-compiled" for f in findings)
     status = state.status(failed)
-    if status == "FAIL" and all(f.attribution == FLAKY for f in findings
+    if status == "FAIL" and all(f.attribution == FLAKY or f.check == "flaky" for f in findings
                                 if f.check != "not-compiled"):
         status = "flaky"
     info = state.info()

@@ -606,3 +606,42 @@ def test_jvp_without_a_forward_formula_is_skipped():
     report = check(square, settings=FAST, modes=("jvp",), checks=("forward", "gradients"))
     (run,) = report.runs
     assert run.status == "skipped" and "no forward-mode derivative" in run.reason
+
+
+# -- a second real compile-only divergence (torch 2.13 CPU): a mark_dirty Function ------------------
+class SiLUInPlace(torch.autograd.Function):
+    """Writes x * sigmoid(x) into x, marks it dirty, saves its output (correct in eager)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        s = torch.sigmoid(x)
+        x.mul_(s)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(s, x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        s, y = ctx.saved_tensors
+        return grad * (s + y * (1 - s))
+
+
+def silu_ref(x):
+    return x * torch.sigmoid(x)
+
+
+@pytest.mark.skipif(not torch.__version__.startswith("2.13"),
+                    reason="the divergence is measured on torch 2.13")
+def test_mark_dirty_function_gradient_diverges_only_when_compiled():
+    @equivalent_to(silu_ref, mutates={"x": "out"},
+                   inputs=st.tuples(tensors(shape=(3,), requires_grad=True)))
+    def silu_(x):
+        return SiLUInPlace.apply(x)
+
+    with pytest.raises(equiv.GradientMismatch) as info:
+        check(silu_, settings=FAST, modes=("eager", "compile[aot_eager]"))
+    report = info.value.report
+    assert {f.mode for f in report.findings} == {"compile[aot_eager]"}
+    f = next(f for f in report.findings if f.check == "gradients")
+    assert f.argument == "x" and f.attribution.startswith("only the implementation under")
+    assert _run("eager")(report).status == "passed"
