@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{'breaks':>6} {'wall s':>7}")
     runs = [(n, specs[n]) for n in names]
     if args.friendly:
-        runs += [(n + " (friendly)", _friendly(specs[n])) for n in names]
+        runs += [(n + " (friendly)", _friendly(specs[n])) for n in names
+                 if _friendly(specs[n]) is not None]
     totals: dict[str, float] = {}
     worst_compiles, fallbacks, failures = 0, 0, 0
     for n, spec in runs:
@@ -91,6 +92,8 @@ def _friendly(spec):
     from equiv.strategies import shapes, tensors
 
     required = [p for p in spec.signature.parameters.values() if p.default is p.empty]
+    if any(p.annotation not in (p.empty, torch.Tensor, "torch.Tensor") for p in required):
+        return None  # non-tensor parameters: no generic friendly strategy
     strategy = st.tuples(*[tensors(shape=shapes(min_dims=2, max_dims=2, min_side=2, max_side=8),
                                    dtype=torch.float32, requires_grad=True, salt=i)
                            for i, _ in enumerate(required)])
