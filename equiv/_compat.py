@@ -91,9 +91,3 @@ def compile_wrapper_errors() -> tuple[type[BaseException], ...]:
     names = ("TorchRuntimeError", "BackendCompilerFailed", "InternalTorchDynamoError")
     return tuple(getattr(mod, n) for n in names if hasattr(mod, n))
 
-
-def unsupported_error() -> tuple[type[BaseException], ...]:
-    import sys
-
-    mod = sys.modules.get("torch._dynamo.exc")
-    return (mod.Unsupported,) if mod is not None and hasattr(mod, "Unsupported") else ()

@@ -62,6 +62,8 @@ class Mode:
     name: str = ""
 
     def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise InvalidArgument(f"Mode(kind={self.kind!r}): one of {list(_KINDS)}.")
         if not self.name:
             object.__setattr__(self, "name", self._default_name())
 
