@@ -82,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _friendly(spec):
-    """The spec with compile-friendly inputs: every required parameter a float32 matrix with
-    sides >= 2 (automatic dynamic shapes then compile each spec at most a few times)."""
+    """The spec with compile-friendly inputs: every required parameter a float32 matrix of one
+    shared shape with sides >= 2 (automatic dynamic shapes then compile each spec at most a few
+    times). Specs whose arguments need other shapes (rms_norm's weight) show as FAIL in eager
+    too: the strategy, not the mode, does not fit them."""
     import dataclasses
 
     import torch
@@ -94,9 +96,9 @@ def _friendly(spec):
     required = [p for p in spec.signature.parameters.values() if p.default is p.empty]
     if any(p.annotation not in (p.empty, torch.Tensor, "torch.Tensor") for p in required):
         return None  # non-tensor parameters: no generic friendly strategy
-    strategy = st.tuples(*[tensors(shape=shapes(min_dims=2, max_dims=2, min_side=2, max_side=8),
-                                   dtype=torch.float32, requires_grad=True, salt=i)
-                           for i, _ in enumerate(required)])
+    strategy = shapes(min_dims=2, max_dims=2, min_side=2, max_side=8).flatmap(
+        lambda shp: st.tuples(*[tensors(shape=shp, dtype=torch.float32, requires_grad=True,
+                                        salt=i) for i, _ in enumerate(required)]))
     return dataclasses.replace(spec, inputs=strategy, examples=())
 
 

@@ -215,6 +215,7 @@ class ModeRun:
         self.mode = mode
         self._impl, self._ref = impl, ref
         self.compilations = {"impl": 0, "ref": 0}
+        self.failed_compiles = {"impl": 0, "ref": 0}  # calls that raised while Dynamo traced
         self.graph_breaks: collections.Counter[str] = collections.Counter()
         self.not_compiled: str | None = None
         self.unsupported: str | None = None
@@ -271,13 +272,21 @@ class ModeRun:
             try:
                 return compiled_fn(*args, **kwargs)
             except limit_errors as e:
+                failed = self.failed_compiles[side]
                 self.not_compiled = (
                     f"Dynamo hit the recompile limit ({self.mode.recompile_limit}) for the "
                     f"{'implementation' if side == 'impl' else 'reference'} after "
-                    f"{self.compilations[side]} compilations and would have run it in eager "
-                    f"from then on ({str(e).splitlines()[0][:120]})"
+                    f"{self.compilations[side]} compilations"
+                    + (f" and {failed} failed compilation attempts (calls that raised while "
+                       "Dynamo traced, e.g. on inputs the reference rejects)" if failed else "")
+                    + f" and would have run it in eager from then on "
+                    f"({str(e).splitlines()[0][:120]})"
                 )
                 raise NotCompiled(self.not_compiled) from None
+            except Exception as e:
+                if isinstance(e, _dynamo_errors()):
+                    self.failed_compiles[side] += 1
+                raise
             finally:
                 if side == "impl":
                     after = _compat.graph_break_counter()
@@ -338,6 +347,14 @@ class ModeRun:
             text += " (" + "; ".join(f"{r} x{n}" if n > 1 else r
                                      for r, n in self.graph_breaks.items()) + ")"
         return text
+
+
+def _dynamo_errors() -> tuple[type[BaseException], ...]:
+    import sys
+
+    mod = sys.modules.get("torch._dynamo.exc")
+    return (mod.TorchDynamoException,) if mod is not None and hasattr(
+        mod, "TorchDynamoException") else ()
 
 
 def _first_line(reason: str) -> str:
