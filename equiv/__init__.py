@@ -13,6 +13,7 @@ from equiv.errors import (
     OutputMismatch,
     ScheduleMismatch,
 )
+from equiv.checks.schedules import Schedule
 from equiv.examples import Args
 from equiv.report import Finding, Report
 from equiv.run import check
@@ -33,6 +34,7 @@ __all__ = [
     "MutationMismatch",
     "OutputMismatch",
     "Report",
+    "Schedule",
     "ScheduleMismatch",
     "Spec",
     "check",

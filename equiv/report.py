@@ -34,6 +34,8 @@ class Finding:
     fix: str | None = None
     traceback: str | None = None
     reproduce: str = ""
+    #: events of the implementation's run under the timeline recorder (JSON-able dicts)
+    timeline: tuple[dict[str, Any], ...] = ()
 
     @property
     def failure_class(self) -> type[EquivalenceFailure]:
@@ -76,6 +78,11 @@ class Finding:
         if self.example_code:
             lines.append("  As code:")
             lines.extend("    " + ln for ln in self.example_code.splitlines())
+        if self.timeline:
+            from equiv.timeline import render as render_timeline
+
+            lines.append("Timeline (implementation, replayed under the recorder):")
+            lines.extend("  " + ln for ln in render_timeline(self.timeline).splitlines())
         if self.likely_cause:
             lines.append(f"Likely cause: {self.likely_cause}")
         if self.fix:
@@ -87,6 +94,7 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["kind"] = self.kind
+        d["timeline"] = [dict(e) for e in self.timeline]
         return d
 
 

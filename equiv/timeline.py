@@ -110,6 +110,7 @@ class Recorder:
         self._pending: list[tuple[dict[str, Any], Any, int, list[tuple[_Saved, int]]]] = []
         self._busy = False
         self._active = False
+        self._mentioned: set[str] = set()
         self._hooks: Any = None
         self._mode: _Mode | None = None
 
@@ -117,11 +118,16 @@ class Recorder:
     def name(self, t: Any, name: str) -> None:
         """Call tensor ``t`` by ``name`` in the timeline."""
         if isinstance(t, torch.Tensor):
-            self._names.setdefault(id(t), (weakref.ref(t), name))
+            self._set_name(t, name)
             self._storage(t)
             for s in self._saved:  # a saved output gets its name once the driver knows it
                 if s.event["tensor"].startswith("#") and s.event.get("_id") == id(t):
                     s.event["tensor"] = name
+
+    def _set_name(self, t: torch.Tensor, name: str) -> None:
+        entry = self._names.get(id(t))
+        if entry is None or entry[0]() is not t:  # ids of dead tensors are reused
+            self._names[id(t)] = (weakref.ref(t), name)
 
     def phase(self, label: str) -> None:
         """Start a new phase (``forward``, ``after forward``, ``backward #1``, ...)."""
@@ -137,28 +143,18 @@ class Recorder:
         """Find tensors stashed as ``ctx`` attributes of custom Functions reachable from
         ``outputs`` (pack hooks cannot see them) and watch their reads in backward."""
         self._resolve()
-        seen: set[int] = set()
-        stack = [o.grad_fn for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn]
         self._busy = True
         try:
-            while stack:
-                node = stack.pop()
-                if node is None or id(node) in seen:
-                    continue
-                seen.add(id(node))
-                stack.extend(n for n, _ in node.next_functions)
+            for node in _nodes(outputs):
                 self._name_node(node)
-                if not isinstance(node, torch.autograd.function.BackwardCFunction):
-                    continue
-                watched = []
-                for attr, value in sorted(vars(node).items()):
-                    values = value if isinstance(value, (list, tuple)) else (value,)
-                    for k, v in enumerate(values):
-                        if isinstance(v, torch.Tensor):
-                            label = f"ctx.{attr}" + (f"[{k}]" if value is not v else "")
-                            watched.append(self._save(v, type(node).__name__, via=label))
-                if watched:
-                    node.register_prehook(self._prehook(watched))
+            watched: dict[int, list[_Saved]] = {}
+            nodes: dict[int, Any] = {}
+            for node, attr, t in ctx_tensors(outputs):
+                nodes[id(node)] = node
+                watched.setdefault(id(node), []).append(self._save(t, type(node).__name__,
+                                                                   via=f"ctx.{attr}"))
+            for key, saves in watched.items():
+                nodes[key].register_prehook(self._prehook(saves))
         finally:
             self._busy = False
 
@@ -227,7 +223,7 @@ class Recorder:
     def _release(self, key: Any, name: str) -> None:
         if self._storages.get(key) == name:
             del self._storages[key]
-        if self._active:
+        if self._active and name in self._mentioned:
             self._add("release", storage=name)
 
     def _tensor_name(self, t: torch.Tensor) -> str:
@@ -246,6 +242,8 @@ class Recorder:
                  "storage": None, "tensor": None, "op": None, "version_before": None,
                  "version_after": None, "tracked": None, "grad_fn": None, "detail": None}
         event.update(fields)
+        if kind != "release" and event["storage"]:
+            self._mentioned.add(event["storage"])
         self.events.append(event)
         return event
 
@@ -301,7 +299,7 @@ class Recorder:
             base_name = self._tensor_name(base)
             op = func.overloadpacket.__name__
             detail = ".data or .detach(): own version counter" if op == "detach" else None
-            self._names.setdefault(id(out), (weakref.ref(out), f"{op}({base_name})"))
+            self._set_name(out, f"{op}({base_name})")
             self._add("view", storage=self._storage(out), tensor=f"{op}({base_name})",
                       op=op, detail=detail)
         finally:
@@ -330,6 +328,36 @@ class Recorder:
             moved = [s.alias._version != v for s, v in watchers]
             event["saved_bumped"] = {s.event["step"]: m for (s, _), m in zip(watchers, moved)}
             event["tracked"] = all(moved) if moved else after != before
+
+
+def _nodes(outputs: Iterable[Any]) -> list[Any]:
+    """Autograd nodes reachable from ``outputs``, in a deterministic order."""
+    seen: set[int] = set()
+    order = []
+    stack = [o.grad_fn for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        order.append(node)
+        stack.extend(n for n, _ in reversed(node.next_functions))
+    return order
+
+
+def ctx_tensors(outputs: Iterable[Any]) -> list[tuple[Any, str, torch.Tensor]]:
+    """(node, attribute, tensor) for tensors stashed as ``ctx`` attributes of custom Functions
+    (the grad_fn object of a custom Function IS its ctx), invisible to pack hooks."""
+    found = []
+    for node in _nodes(outputs):
+        if not isinstance(node, torch.autograd.function.BackwardCFunction):
+            continue
+        for attr, value in sorted(vars(node).items()):
+            values = value if isinstance(value, (list, tuple)) else (value,)
+            for k, v in enumerate(values):
+                if isinstance(v, torch.Tensor):
+                    found.append((node, attr + (f"[{k}]" if value is not v else ""), v))
+    return found
 
 
 # -- reading a timeline -------------------------------------------------------------------------
@@ -389,13 +417,13 @@ def likely_cause(events: Sequence[dict[str, Any]]) -> str | None:
                     f"outside the dispatcher -> stale value. {FIX}")
         w = writes[-1]
         bumped = w.get("saved_bumped", {}).get(save["step"], w["tracked"])
-        via = f"on {w['tensor']!r}"
+        via = f"on {w['tensor']}" if w["tensor"].startswith("alias") else f"on {w['tensor']!r}"
         if w["tensor"].startswith("detach("):
             via = f"via .data ({w['tensor']})"
         if save.get("detail"):
             version = "version bumped, but nothing checks a ctx attribute"
         elif bumped:
-            version = "version bumped: tracked write that recording hooks let through"
+            version = "version bumped: autograd raises here when no hooks are installed"
         elif w.get("arg_bumped"):
             version = ("version of the saved value NOT bumped: the write bumped only "
                        f"the counter of {w['tensor']!r}; the saved value shares its storage "
@@ -413,3 +441,30 @@ def likely_cause(events: Sequence[dict[str, Any]]) -> str | None:
                     "be shared with other nodes. Fix: use out-of-place ops in backward "
                     "(grad_output * x, not grad_output.mul_(x)).")
     return None
+
+
+def explain_findings(run: Any, first: int) -> None:
+    """Replay the core's gradient run (forward, backward #1, #2 with the same cotangent, #3 with
+    a second one) under the recorder, and attach the timeline and likely cause to the findings
+    ``run.findings[first:]``."""
+    import dataclasses
+
+    from equiv.checks.core import _cotangent
+    from equiv.checks.schedules import Schedule, _Plan
+
+    plan = _Plan(run)
+    if not plan.ok:
+        return
+    gen = torch.Generator().manual_seed(run.cot_seed)
+    cot1 = [_cotangent(r, gen) for _, _, r in plan.pairs]
+    cot2 = [_cotangent(r, gen) for _, _, r in plan.pairs]
+    repeated = run.cfg.backward_repeats >= 2 and "repeated-backward" in run.cfg.checks
+    steps = ("forward", "backward", "backward", "backward") if repeated else ("forward", "backward")
+    rec = Recorder()
+    plan.execute(Schedule(steps), run.spec.impl, [cot1, cot1, cot2], recorder=rec)
+    cause = likely_cause(rec.events)
+    events = tuple(rec.events)
+    for i in range(first, len(run.findings)):
+        f = run.findings[i]
+        run.findings[i] = dataclasses.replace(f, timeline=events,
+                                              likely_cause=cause or f.likely_cause)
