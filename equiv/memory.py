@@ -64,15 +64,16 @@ class _StorageTracker(TorchDispatchMode):
             f.detach()
 
 
-def _retained(outputs: list[torch.Tensor], saved: list[tuple[torch.Tensor, str]],
+def _retained(outputs: list[torch.Tensor], saved: list[torch.Tensor],
               names: dict[int, str]) -> tuple[int, tuple[tuple[str, int], ...]]:
     """Unique storage bytes of saved tensors and of ctx attributes reachable from ``outputs``."""
-    from equiv.timeline import ctx_tensors
-
-    entries = list(saved) + [(t, f"ctx.{attr} of {node}") for node, attr, t in ctx_tensors(outputs)]
-    by_storage: dict[Any, tuple[str, int]] = {}
     from equiv.examples import tensor_summary
+    from equiv.timeline import _geometry, ctx_tensors, saved_by
 
+    nodes = saved_by(outputs)
+    entries = [(t, nodes.get(_geometry(t), "autograd")) for t in saved]
+    entries += [(t, f"{type(node).__name__} as ctx.{attr}") for node, attr, t in ctx_tensors(outputs)]
+    by_storage: dict[Any, tuple[str, int]] = {}
     for t, how in entries:
         st = t.untyped_storage()
         key = (str(t.device), st.data_ptr())
@@ -82,8 +83,8 @@ def _retained(outputs: list[torch.Tensor], saved: list[tuple[torch.Tensor, str]]
         what = f"{name!r}" if name else "a " + tensor_summary(t).replace(" grad", "")
         logical = t.numel() * t.element_size()
         if logical < st.nbytes():
-            what += f" (a view, {logical:,} B of data, of a {st.nbytes():,} B storage)"
-        by_storage[key] = (f"{what} saved by {how}", st.nbytes())
+            what += f" view ({logical:,} B of data) of a {st.nbytes():,} B storage"
+        by_storage[key] = (f"{what}, saved by {how}", st.nbytes())
     ranked = tuple(sorted(by_storage.values(), key=lambda e: (-e[1], e[0])))
     return sum(b for _, b in ranked), ranked
 
@@ -94,10 +95,10 @@ def measure(fn: Any, side: Any, cotangent_seed: int = 0) -> MemoryStats | None:
     Returns None when ``fn`` raises (the error checks report that).
     """
     names = {id(t): slot.path for slot, t in zip(side.template.slots, side.tensors)}
-    saved: list[tuple[torch.Tensor, str]] = []
+    saved: list[torch.Tensor] = []
 
     def pack(t: torch.Tensor) -> Any:
-        saved.append((t, "autograd (save_for_backward)"))
+        saved.append(t)
         return t
 
     cuda = any(t.is_cuda for t in side.tensors)
@@ -156,8 +157,9 @@ def check_memory(run: "_Run") -> None:
         return
     template = run.template
     assert template is not None
-    impl = measure(spec.impl, template.instantiate(), run.cot_seed)
-    ref = measure(spec.ref, template.instantiate(), run.cot_seed)
+    device = None if run.device == "cpu" else run.device
+    impl = measure(spec.impl, template.instantiate(device=device), run.cot_seed)
+    ref = measure(spec.ref, template.instantiate(device=device), run.cot_seed)
     if impl is None or ref is None:
         return
     table = _table(impl, ref)

@@ -160,23 +160,7 @@ class Recorder:
 
     def _name_node(self, node: Any) -> None:
         """Give saves made by ``node`` its name (pack hooks run before the node exists)."""
-        if isinstance(node, torch.autograd.function.BackwardCFunction):
-            try:
-                values: list[Any] = list(node.saved_tensors)
-            except RuntimeError:  # already freed
-                values = []
-        else:
-            values = []
-            for attr in dir(node):
-                if attr.startswith("_saved_"):
-                    try:
-                        v = getattr(node, attr)
-                    except RuntimeError:
-                        continue
-                    values.extend(v if isinstance(v, (list, tuple)) else (v,))
-        for v in values:
-            if not isinstance(v, torch.Tensor):
-                continue
+        for v in node_saved_tensors(node):
             key = _geometry(v)
             for s in self._saved:
                 if s.event["grad_fn"] is None and _geometry(s.alias) == key:
@@ -279,10 +263,16 @@ class Recorder:
         self._busy = True
         try:
             changed = not _bits_equal(saved.alias, saved.snapshot)
+            detail = "content as saved"
+            if changed:
+                detail = "content CHANGED since save"
+                if saved.snapshot.shape == saved.alias.shape and saved.snapshot.is_floating_point():
+                    delta = (saved.alias.detach() - saved.snapshot).abs().max().item()
+                    detail += f" (max |change| {delta:.4g})"
             self._add("read", storage=saved.event["storage"], tensor=saved.event["tensor"],
                       grad_fn=saved.event["grad_fn"], version_before=saved.version,
                       version_after=saved.alias._version, tracked=saved.event["tracked"],
-                      detail="content CHANGED since save" if changed else "content as saved",
+                      detail=detail,
                       changed=changed, saved_step=saved.event["step"])
         finally:
             self._busy = False
@@ -343,6 +333,34 @@ def _nodes(outputs: Iterable[Any]) -> list[Any]:
         order.append(node)
         stack.extend(n for n, _ in reversed(node.next_functions))
     return order
+
+
+def node_saved_tensors(node: Any) -> list[torch.Tensor]:
+    """Tensors ``node`` saved for backward (unpacking them runs any unpack hook)."""
+    if isinstance(node, torch.autograd.function.BackwardCFunction):
+        try:
+            values: list[Any] = list(node.saved_tensors)
+        except RuntimeError:  # already freed
+            values = []
+    else:
+        values = []
+        for attr in dir(node):
+            if attr.startswith("_saved_"):
+                try:
+                    v = getattr(node, attr)
+                except RuntimeError:
+                    continue
+                values.extend(v if isinstance(v, (list, tuple)) else (v,))
+    return [v for v in values if isinstance(v, torch.Tensor)]
+
+
+def saved_by(outputs: Iterable[Any]) -> dict[tuple[Any, ...], str]:
+    """{tensor geometry: name of the first node that saved it} over the graph of ``outputs``."""
+    out: dict[tuple[Any, ...], str] = {}
+    for node in _nodes(outputs):
+        for t in node_saved_tensors(node):
+            out.setdefault(_geometry(t), type(node).__name__)
+    return out
 
 
 def ctx_tensors(outputs: Iterable[Any]) -> list[tuple[Any, str, torch.Tensor]]:

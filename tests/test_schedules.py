@@ -193,26 +193,61 @@ def test_optimizer_step_between_two_losses_is_caught():
     assert any(e["kind"] == "step" for e in f.timeline)
 
 
+def corner_ref(x):
+    s = x[:2, :4] * 2.0
+    return s * s
+
+
+def corner_wasteful(x):
+    h = x * 2.0  # a large intermediate; only its corner is needed
+    s = h[:2, :4]
+    return s * s  # saves s, a view: keeps h's whole storage alive
+
+
 def test_saved_small_view_of_large_base_is_a_memory_finding():
-    """A saved 2x4 view of a 1000x1000 intermediate keeps ~4 MB alive: named in the finding."""
-    big = st.just((torch.randn(1000, 1000, requires_grad=True),))
+    """A saved 2x4 view of a 64x64 intermediate keeps 16,384 B alive: named in the finding."""
+    big = st.just((torch.randn(64, 64, requires_grad=True),))
+    impl = equivalent_to(corner_ref, inputs=big, max_retained_bytes=4_096)(corner_wasteful)
 
-    def corner_ref(x):
-        s = x[:2, :4] * 2.0
-        return s * s
-
-    @equivalent_to(corner_ref, inputs=big, max_retained_bytes=100_000)
-    def corner_wasteful(x):
-        h = x * 2.0  # 4 MB intermediate; only its corner is needed
-        s = h[:2, :4]
-        return s * s  # saves s, a view: keeps h's whole storage alive
-
-    f = _only(check(corner_wasteful, settings=equiv.settings(FAST, max_examples=1),
+    f = _only(check(impl, settings=equiv.settings(FAST, max_examples=1),
                     raise_on_failure=False), "memory")
-    assert "keeps 4,000,000 B alive after forward" in f.headline
-    assert "(a view, 32 B of data, of a 4,000,000 B storage) saved by" in f.details
-    assert "implementation" in f.details and "reference" in f.details
+    assert "keeps 16,384 B alive after forward" in f.headline
+    assert "f32[2,4] cpu view (32 B of data) of a 16,384 B storage, saved by MulBackward0" \
+        in f.details
+    assert re.search(r"implementation +[\d,]+ B +16,384 B", f.details), f.details
+    assert re.search(r"reference +[\d,]+ B +32 B", f.details), f.details
     assert "retains its whole storage" in f.likely_cause
+
+
+def test_measure_counts_retained_bytes_by_storage():
+    """measure(): a saved 2x4 view of a 1000x1000 float32 base keeps 4,000,000 B, not 32 B."""
+    from equiv.examples import Args, Template
+    from equiv.memory import measure
+    from equiv.spec import get_spec
+
+    spec = get_spec(equivalent_to(corner_ref)(corner_wasteful))
+    template = Template(spec.signature, Args(torch.randn(1000, 1000, requires_grad=True)))
+    impl = measure(corner_wasteful, template.instantiate())
+    ref = measure(corner_ref, template.instantiate())
+    assert impl.retained_bytes == 4_000_000
+    assert ref.retained_bytes == 32
+    assert impl.peak_bytes >= 4_000_000 + 4_000_000  # h, then the gradient of x
+    assert impl.retained_by[0][1] == 4_000_000
+
+
+def test_memory_ratio_contract():
+    """max_memory_ratio= compares peaks: a needless full-size temporary is a finding."""
+    def double_ref(x):
+        return x * 2.0
+
+    @equivalent_to(double_ref, max_memory_ratio=1.5)
+    def double_wasteful(x):
+        tmp = torch.cat([x, x]).clone()  # three extra copies' worth of scratch
+        return tmp[: x.shape[0]] * 2.0
+
+    f = _only(_failed(double_wasteful), "memory")
+    assert re.search(r"peak memory over forward \+ backward is [\d.]+x the reference's, more "
+                     r"than max_memory_ratio=1.5", f.headline), f.headline
 
 
 # -- correct twins ------------------------------------------------------------------------------

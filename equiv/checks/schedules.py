@@ -167,7 +167,8 @@ class _Plan:
         assert template is not None
         self.template: Template = template
         spec = run.spec
-        self.ref_side = template.instantiate()
+        self.device = None if run.device == "cpu" else run.device
+        self.ref_side = template.instantiate(device=self.device)
         ref_out, err = _call(spec.ref, self.ref_side)
         self.ok = err is None
         if not self.ok:
@@ -205,7 +206,7 @@ class _Plan:
         """Run ``schedule`` on a fresh copy of the example; never raises the user's errors."""
         from equiv.checks.core import _call, _leaves
 
-        side: Side = self.template.instantiate()
+        side: Side = self.template.instantiate(device=self.device)
         leaves = [side.leaves[g.index] for g in self.groups]
         if recorder is not None:
             for slot, t in zip(self.template.slots, side.tensors):
@@ -338,18 +339,16 @@ def _describe(result: _Result) -> str:
 
 def run_schedules(run: "_Run") -> None:
     """The hook ``_Run.run`` calls after the core checks: schedules, then memory."""
-    if "memory" in run.cfg.checks:
+    if "schedule" in run.cfg.checks and not run.findings and run.mode == "eager":
+        plan = _Plan(run)
+        if plan.ok:
+            user = list(run.spec.schedules)
+            for schedule in builtin_schedules(plan) + user:
+                _run_one(run, plan, schedule, user=schedule in user)
+    if "memory" in run.cfg.checks and run.mode == "eager":
         from equiv.memory import check_memory
 
         check_memory(run)
-    if "schedule" not in run.cfg.checks or run.findings or run.mode != "eager":
-        return
-    plan = _Plan(run)
-    if not plan.ok:
-        return
-    user = list(run.spec.schedules)
-    for schedule in builtin_schedules(plan) + user:
-        _run_one(run, plan, schedule, user=schedule in user)
 
 
 def _run_one(run: "_Run", plan: _Plan, schedule: Schedule, *, user: bool) -> None:
