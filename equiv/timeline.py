@@ -29,6 +29,9 @@ FIX = ("Fix: save a clone, use torch.autograd.graph.allow_mutation_on_saved_tens
        "restructure functionally.")
 
 
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaN equal to itself)."""
     if a.shape != b.shape or a.dtype != b.dtype:
@@ -38,7 +41,8 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     a, b = a.detach().contiguous().reshape(-1), b.detach().contiguous().reshape(-1)
     if a.dtype.is_complex:
         a, b = torch.view_as_real(a), torch.view_as_real(b)
-    return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+    as_int = _INT_OF_SIZE.get(a.element_size(), torch.uint8)
+    return bool(torch.equal(a.view(as_int), b.view(as_int)))
 
 
 def _geometry(t: torch.Tensor) -> tuple[Any, ...]:
@@ -316,7 +320,8 @@ class Recorder:
             event["version_after"] = after
             event["arg_bumped"] = after != before
             moved = [s.alias._version != v for s, v in watchers]
-            event["saved_bumped"] = {s.event["step"]: m for (s, _), m in zip(watchers, moved)}
+            event["saved_watched"] = [s.event["step"] for s, _ in watchers]
+            event["saved_bumped"] = [s.event["step"] for (s, _), m in zip(watchers, moved) if m]
             event["tracked"] = all(moved) if moved else after != before
 
 
@@ -434,7 +439,8 @@ def likely_cause(events: Sequence[dict[str, Any]]) -> str | None:
             return (f"{what} changed before backward read it at step {r['step']} by a write "
                     f"outside the dispatcher -> stale value. {FIX}")
         w = writes[-1]
-        bumped = w.get("saved_bumped", {}).get(save["step"], w["tracked"])
+        bumped = (save["step"] in w["saved_bumped"] if save["step"] in w.get("saved_watched", ())
+                  else w["tracked"])
         via = f"on {w['tensor']}" if w["tensor"].startswith("alias") else f"on {w['tensor']!r}"
         if w["tensor"].startswith("detach("):
             via = f"via .data ({w['tensor']})"
