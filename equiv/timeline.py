@@ -45,6 +45,16 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.view(as_int), b.view(as_int)))
 
 
+def _summary(t: torch.Tensor) -> str:
+    from equiv.examples import dtype_short
+
+    return f"{dtype_short(t.dtype)}[{','.join(map(str, t.shape))}]"
+
+
+def _quote(name: str) -> str:
+    return name if name.startswith(("<", "alias of")) else repr(name)
+
+
 def _geometry(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.untyped_storage().data_ptr(), tuple(t.shape), tuple(t.stride()),
             t.storage_offset(), t.dtype)
@@ -73,21 +83,26 @@ class _Mode(TorchDispatchMode):
         if rec._busy:
             return func(*args, **kwargs)
         rec._resolve()
-        schema = func._schema
-        written = []
+        schema = getattr(func, "_schema", None)
+        if schema is None:
+            return func(*args, **kwargs)
+        written: list[torch.Tensor] = []
         for i, a in enumerate(schema.arguments):
             if a.alias_info is not None and a.alias_info.is_write:
                 val = args[i] if i < len(args) else kwargs.get(a.name)
-                if isinstance(val, torch.Tensor):
-                    written.append(val)
+                vals = val if isinstance(val, (list, tuple)) else (val,)  # _foreach_*_ ops
+                written += [v for v in vals if isinstance(v, torch.Tensor)]
         pending = [rec._write_begin(func, t) for t in written]
         out = func(*args, **kwargs)
-        rec._pending.extend(p for p in pending if p is not None)
+        rec._pending.extend(pending)
         if (not written and any(r.alias_info is not None for r in schema.returns)
-                and not (rec._phase.startswith("backward") and func.overloadpacket.__name__ == "detach")):
+                and not (rec._phase.startswith("backward")
+                         and func.overloadpacket.__name__ == "detach")):
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if first is not None and isinstance(out, torch.Tensor):
-                rec._view(func, first, out)
+            outs = out if isinstance(out, (list, tuple)) else (out,)
+            for o in outs:
+                if first is not None and isinstance(o, torch.Tensor):
+                    rec._view(func, first, o)
         return out
 
 
@@ -125,7 +140,7 @@ class Recorder:
             self._set_name(t, name)
             self._storage(t)
             for s in self._saved:  # a saved output gets its name once the driver knows it
-                if s.event["tensor"].startswith("#") and s.event.get("_id") == id(t):
+                if s.event["tensor"].startswith("<") and s.event.get("_id") == id(t):
                     s.event["tensor"] = name
 
     def _set_name(self, t: torch.Tensor, name: str) -> None:
@@ -223,7 +238,7 @@ class Recorder:
                 if ref() is not None and self._storage(ref()) == storage]
         if same:
             return f"alias of {same[0]!r}"
-        return f"#{storage}"
+        return f"<intermediate {_summary(t)}>"
 
     def _add(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"step": len(self.events) + 1, "phase": self._phase, "kind": kind,
@@ -384,10 +399,11 @@ def ctx_tensors(outputs: Iterable[Any]) -> list[tuple[Any, str, torch.Tensor]]:
 
 
 # -- reading a timeline -------------------------------------------------------------------------
-def render(events: Sequence[dict[str, Any]]) -> str:
-    """Deterministic text, one event a line."""
+def render(events: Sequence[dict[str, Any]], max_events: int | None = None) -> str:
+    """Deterministic text, one event a line (the first ``max_events`` when given)."""
     lines = []
-    for e in events:
+    shown = events if max_events is None else events[:max_events]
+    for e in shown:
         kind = e["kind"]
         head = f"{e['step']:>3}  {e['phase']:<14} {kind:<8}"
         if kind == "save":
@@ -413,6 +429,8 @@ def render(events: Sequence[dict[str, Any]]) -> str:
         else:
             text = str(e.get("op") or "")
         lines.append(f"{head} {text}")
+    if len(shown) < len(events):
+        lines.append(f"... {len(events) - len(shown)} more events (Finding.timeline has them all)")
     return "\n".join(lines)
 
 
@@ -431,9 +449,9 @@ def likely_cause(events: Sequence[dict[str, Any]]) -> str | None:
                   and save["step"] < w["step"] < r["step"]]
         where = (f"{save['phase']} step {save['step']}, {save['grad_fn']}, storage "
                  f"{save['storage']} v{save['version_before']}")
-        what = f"saved {save['tensor']!r} ({where})"
+        what = f"saved {_quote(save['tensor'])} ({where})"
         if save.get("detail"):
-            what = (f"{save['tensor']!r} stashed as {save['detail']} ({where}; a ctx attribute "
+            what = (f"{_quote(save['tensor'])} stashed as {save['detail']} ({where}; a ctx attribute "
                     "is invisible to autograd's version check, use ctx.save_for_backward)")
         if not writes:
             return (f"{what} changed before backward read it at step {r['step']} by a write "
@@ -441,7 +459,7 @@ def likely_cause(events: Sequence[dict[str, Any]]) -> str | None:
         w = writes[-1]
         bumped = (save["step"] in w["saved_bumped"] if save["step"] in w.get("saved_watched", ())
                   else w["tracked"])
-        via = f"on {w['tensor']}" if w["tensor"].startswith("alias") else f"on {w['tensor']!r}"
+        via = f"on {_quote(w['tensor'])}"
         if w["tensor"].startswith("detach("):
             via = f"via .data ({w['tensor']})"
         if save.get("detail"):
@@ -450,7 +468,7 @@ def likely_cause(events: Sequence[dict[str, Any]]) -> str | None:
             version = "version bumped: autograd raises here when no hooks are installed"
         elif w.get("arg_bumped"):
             version = ("version of the saved value NOT bumped: the write bumped only "
-                       f"the counter of {w['tensor']!r}; the saved value shares its storage "
+                       f"the counter of {_quote(w['tensor'])}; the saved value shares its storage "
                        "through .data/.detach() with a separate counter")
         else:
             version = "version NOT bumped: untracked write"
@@ -462,8 +480,7 @@ def likely_cause(events: Sequence[dict[str, Any]]) -> str | None:
                 and "grad_output" in str(w["tensor"])):
             return (f"backward wrote into {w['tensor']} ({w['storage']}) with {w['op']} at "
                     f"step {w['step']} ({w['phase']}): grad_output belongs to the caller and may "
-                    "be shared with other nodes. Fix: use out-of-place ops in backward "
-                    "(grad_output * x, not grad_output.mul_(x)).")
+                    "be shared with other nodes.")
     return None
 
 

@@ -221,3 +221,21 @@ def test_finding_carries_and_renders_the_timeline():
     assert json.loads(json.dumps(finding.to_dict()))["timeline"][0]["kind"] == "save"
     assert pickle.loads(pickle.dumps(finding)) == finding
     assert "Timeline" not in Finding(check="gradients", headline="h").render()
+
+
+def test_foreach_writes_and_multi_output_views_are_recorded():
+    """_foreach_add_ writes each listed tensor; unbind records one view per output."""
+    a, b = torch.zeros(2), torch.zeros(3)
+    rec = Recorder()
+    rec.name(a, "a")
+    rec.name(b, "b")
+    with rec:
+        torch._foreach_add_([a, b], 1.0)
+        a.unbind(0)
+    writes = _kinds(rec.events, "write")
+    # (tracked is not asserted: on torch 2.13 CPU, _foreach_add_ under any Python dispatch mode
+    # does not bump versions at all, so the schedules' SGD step uses foreach=False)
+    assert [(e["op"], e["tensor"]) for e in writes] == [("_foreach_add_", "a"),
+                                                         ("_foreach_add_", "b")]
+    assert [e["op"] for e in _kinds(rec.events, "view")] == ["unbind", "unbind"]
+    assert "... 2 more events" in render(rec.events, max_events=2)

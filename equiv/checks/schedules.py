@@ -309,7 +309,9 @@ class _Plan:
             return
         for leaf, g in chosen:
             leaf.grad = g.clone()
-        opt = torch.optim.SGD([leaf for leaf, _ in chosen], lr=_LR)
+        # foreach=False: under a Python dispatch mode (the recorder) _foreach_add_ does not bump
+        # version counters on torch 2.13, so the replay would disagree with the real run
+        opt = torch.optim.SGD([leaf for leaf, _ in chosen], lr=_LR, foreach=False)
         opt.step()
         for leaf, _ in chosen:
             leaf.grad = None
