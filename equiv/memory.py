@@ -10,9 +10,8 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from equiv._compat import tree_flatten
+from equiv._compat import TorchDispatchMode, tree_flatten
 
 if TYPE_CHECKING:  # pragma: no cover
     from equiv.checks.core import _Run

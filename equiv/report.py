@@ -82,7 +82,8 @@ class Finding:
             from equiv.timeline import render as render_timeline
 
             lines.append("Timeline (implementation, replayed under the recorder):")
-            lines.extend("  " + ln for ln in render_timeline(self.timeline, max_events=80).splitlines())
+            text = render_timeline(self.timeline, max_events=80)
+            lines.extend("  " + ln for ln in text.splitlines())
         if self.likely_cause:
             lines.append(f"Likely cause: {self.likely_cause}")
         if self.fix:

@@ -21,7 +21,8 @@ import weakref
 from typing import Any, Iterable, Sequence
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from equiv._compat import TorchDispatchMode
 
 __all__ = ["Recorder", "render", "likely_cause"]
 

@@ -330,6 +330,57 @@ def test_optimizer_step_with_save_for_backward_passes():
     assert check(scale_saved, settings=FAST).ok
 
 
+def exp_ref(x):
+    return torch.exp(x)
+
+
+class _ExpInplace(torch.autograd.Function):
+    """exp in place; with ``ctx_stash[0]`` it keeps the output as a ctx attribute instead of
+    saving it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.exp_()
+        ctx.mark_dirty(x)
+        if ctx_stash[0]:
+            ctx.y = x
+        else:
+            ctx.save_for_backward(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        y = ctx.y if hasattr(ctx, "y") else ctx.saved_tensors[0]
+        return g * y
+
+
+ctx_stash = [False]
+
+
+def test_in_place_output_stashed_in_ctx_is_caught_by_output_schedule():
+    """exp_ with mark_dirty stashing its output as ctx.y: a write to the output goes unseen."""
+    @equivalent_to(exp_ref, mutates={"x": "out"})
+    def exp_stash_(x):
+        return _ExpInplace.apply(x)
+
+    ctx_stash[0] = True
+    try:
+        f = _only(_failed(exp_stash_), "schedule", "mutate-output-after-forward")
+    finally:
+        ctx_stash[0] = False
+    assert "stashed as ctx.y" in f.likely_cause
+    assert "read by backward #1" in f.likely_cause
+
+
+def test_in_place_output_saved_for_backward_passes():
+    """The same kernel with save_for_backward(output): the output schedule raises, acceptable."""
+    @equivalent_to(exp_ref, mutates={"x": "out"})
+    def exp_saved_(x):
+        return _ExpInplace.apply(x)
+
+    assert check(exp_saved_, settings=FAST).ok
+
+
 # -- user schedules -----------------------------------------------------------------------------
 def test_expect_raises_is_enforced():
     """expect='raises' fails when the schedule completes silently (here: a correct stash clone)."""
@@ -386,3 +437,18 @@ def test_invalid_schedules(args, message):
     steps = args.pop("steps")
     with pytest.raises(equiv.InvalidArgument, match=re.escape(message)):
         Schedule(steps, **args)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_measure_on_cuda_uses_allocator_peak():
+    """On CUDA the peak comes from the allocator's statistics; retained bytes by storage."""
+    from equiv.examples import Args, Template
+    from equiv.memory import measure
+    from equiv.spec import get_spec
+
+    spec = get_spec(equivalent_to(corner_ref)(corner_wasteful))
+    template = Template(spec.signature, Args(torch.randn(1000, 1000, requires_grad=True)))
+    stats = measure(corner_wasteful, template.instantiate(device="cuda"))
+    assert stats.retained_bytes == 4_000_000
+    assert stats.peak_bytes >= 4_000_000

@@ -178,6 +178,8 @@ class _Plan:
         n = len(run.findings)
         self.pairs = run._diff_pairs(self.ref_side, ref_out, ref_out, self.finals, self.consumed)
         del run.findings[n:]
+        if self.consumed:  # the result IS the mutated arguments' final values: use those only
+            self.pairs = [p for p in self.pairs if not p[0].startswith("output")]
         self.groups = [g for g in template.groups if self.ref_side.leaves[g.index] is not None]
         self.names = [template.group_name(g) for g in self.groups]
         self.ok = bool(self.pairs and self.groups)
@@ -220,7 +222,7 @@ class _Plan:
             if err is not None:
                 result.forward_error = err
                 return result
-            outs = self._outputs(side, out, _leaves)
+            outs = self._outputs(side, out, _leaves, is_ref=fn is self.run.spec.ref)
             if outs is None:
                 result.forward_error = RuntimeError("outputs do not match the reference's")
                 return result
@@ -260,13 +262,17 @@ class _Plan:
             if recorder is not None:
                 recorder.__exit__(None, None, None)
 
-    def _outputs(self, side: "Side", out: Any, leaves_of: Any) -> list[torch.Tensor] | None:
+    def _outputs(self, side: "Side", out: Any, leaves_of: Any, *, is_ref: bool
+                 ) -> list[torch.Tensor] | None:
+        """The differentiated tensors, in the order of ``self.pairs``: returned outputs and
+        final values of mutated arguments (for the pure reference: where its result holds them)."""
         if self.consumed:
             tree: list[tuple[str, Any]] = []
         else:
             tree = [(f"output{p}", v) for p, v in leaves_of(out)]
-        for arg in self.finals:
-            tree += [(f"final value of {arg}{p}", v) for p, v in leaves_of(side.argument(arg))]
+        finals = self.run._split(out)[1] if is_ref else {a: side.argument(a) for a in self.finals}
+        for arg, final in finals.items():
+            tree += [(f"final value of {arg}{p}", v) for p, v in leaves_of(final)]
         by_name = dict(tree)
         outs = []
         for name, _, _ in self.pairs:
