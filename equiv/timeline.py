@@ -126,7 +126,8 @@ class Recorder:
         self._storages: dict[Any, str] = {}
         self._finalizers: list[weakref.finalize] = []
         self._names: dict[int, tuple[weakref.ref, str]] = {}
-        self._saved: list[_Saved] = []
+        # weak: the graph owns each _Saved (packed value / pre-hook), so storages can be released
+        self._saved: list[weakref.ref[_Saved]] = []
         self._pending: list[tuple[dict[str, Any], Any, int, list[tuple[_Saved, int]]]] = []
         self._busy = False
         self._active = False
@@ -140,9 +141,12 @@ class Recorder:
         if isinstance(t, torch.Tensor):
             self._set_name(t, name)
             self._storage(t)
-            for s in self._saved:  # a saved output gets its name once the driver knows it
+            for s in self._live_saves():  # a saved output is named once the driver knows it
                 if s.event["tensor"].startswith("<") and s.event.get("_id") == id(t):
                     s.event["tensor"] = name
+
+    def _live_saves(self) -> list[_Saved]:
+        return [s for s in (r() for r in self._saved) if s is not None]
 
     def _set_name(self, t: torch.Tensor, name: str) -> None:
         entry = self._names.get(id(t))
@@ -182,7 +186,7 @@ class Recorder:
         """Give saves made by ``node`` its name (pack hooks run before the node exists)."""
         for v in node_saved_tensors(node):
             key = _geometry(v)
-            for s in self._saved:
+            for s in self._live_saves():
                 if s.event["grad_fn"] is None and _geometry(s.alias) == key:
                     s.event["grad_fn"] = type(node).__name__
                     break
@@ -258,7 +262,7 @@ class Recorder:
                           tracked=via is None, detail=via, _id=id(t),
                           nbytes=t.untyped_storage().nbytes(), shape=list(t.shape))
         saved = _Saved(len(self._saved), t, event)
-        self._saved.append(saved)
+        self._saved.append(weakref.ref(saved))
         return saved
 
     def _pack(self, t: torch.Tensor) -> Any:
@@ -321,7 +325,7 @@ class Recorder:
             storage = self._storage(t)
             event = self._add("write", storage=storage, tensor=self._tensor_name(t),
                               op=func.overloadpacket.__name__, version_before=t._version)
-            watchers = [(s, s.alias._version) for s in self._saved
+            watchers = [(s, s.alias._version) for s in self._live_saves()
                         if s.event["storage"] == storage]
             return (event, weakref.ref(t), t._version, watchers)
         finally:

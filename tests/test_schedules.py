@@ -114,6 +114,7 @@ def test_write_through_data_after_square_is_explained():
     assert "allow_mutation_on_saved_tensors()" in f.likely_cause
     assert f.timeline and {e["kind"] for e in f.timeline} >= {"save", "view", "write", "read"}
     assert [e for e in f.timeline if e["kind"] == "write" and e["tracked"] is False]
+    assert f.timeline[-1]["kind"] == "release" and f.timeline[-1]["phase"] == "release"
 
 
 class _BackwardWritesSaved(torch.autograd.Function):

@@ -19,6 +19,7 @@ off); a diverging run is then replayed under the :class:`~equiv.timeline.Recorde
 from __future__ import annotations
 
 import dataclasses
+import gc
 import re
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -205,27 +206,44 @@ class _Plan:
 
     def execute(self, schedule: Schedule, fn: Any, cots: list[list[torch.Tensor]],
                 recorder: "Recorder | None" = None) -> _Result:
-        """Run ``schedule`` on a fresh copy of the example; never raises the user's errors."""
-        from equiv.checks.core import _call, _leaves
+        """Run ``schedule`` on a fresh copy of the example; never raises the user's errors.
 
+        Under a ``recorder`` the run ends with a ``release`` phase: the graph, the outputs and
+        then the arguments are dropped, so the timeline shows when each storage is freed."""
         side: Side = self.template.instantiate(device=self.device)
         leaves = [side.leaves[g.index] for g in self.groups]
-        if recorder is not None:
-            for slot, t in zip(self.template.slots, side.tensors):
-                recorder.name(t, slot.path)
-            for name, leaf in zip(self.names, leaves):
-                recorder.name(leaf, name)
-            recorder.__enter__()
         result = _Result([])
+        if recorder is None:
+            self._steps(schedule, fn, side, leaves, cots, result, None)
+            return result
+        self._name_arguments(recorder, side, leaves)
+        with recorder:
+            self._steps(schedule, fn, side, leaves, cots, result, recorder)
+            del side, leaves  # the steps' frame is gone: graph and outputs already freed
+            gc.collect()
+        return result
+
+    def _name_arguments(self, recorder: "Recorder", side: "Side",
+                        leaves: list[torch.Tensor]) -> None:
+        for slot, t in zip(self.template.slots, side.tensors):
+            recorder.name(t, slot.path)
+        for name, leaf in zip(self.names, leaves):
+            recorder.name(leaf, name)
+
+    def _steps(self, schedule: Schedule, fn: Any, side: "Side", leaves: list[torch.Tensor],
+               cots: list[list[torch.Tensor]], result: _Result,
+               recorder: "Recorder | None") -> None:
+        from equiv.checks.core import _call, _leaves
+
         try:
             out, err = _call(fn, side)
             if err is not None:
                 result.forward_error = err
-                return result
+                return
             outs = self._outputs(side, out, _leaves, is_ref=fn is self.run.spec.ref)
             if outs is None:
                 result.forward_error = RuntimeError("outputs do not match the reference's")
-                return result
+                return
             if recorder is not None:
                 for (name, _, _), o in zip(self.pairs, outs):
                     recorder.name(o, name)
@@ -256,11 +274,10 @@ class _Plan:
                         self._step(leaves, result.grads[-1] if result.grads else None)
                 except Exception as e:  # the user's code raised: that is the outcome
                     result.error, result.failed_step = e, step
-                    return result
-            return result
+                    return
         finally:
             if recorder is not None:
-                recorder.__exit__(None, None, None)
+                recorder.phase("release")
 
     def _outputs(self, side: "Side", out: Any, leaves_of: Any, *, is_ref: bool
                  ) -> list[torch.Tensor] | None:
