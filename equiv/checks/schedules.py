@@ -19,7 +19,6 @@ off); a diverging run is then replayed under the :class:`~equiv.timeline.Recorde
 from __future__ import annotations
 
 import dataclasses
-import gc
 import re
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -219,8 +218,10 @@ class _Plan:
         self._name_arguments(recorder, side, leaves)
         with recorder:
             self._steps(schedule, fn, side, leaves, cots, result, recorder)
-            del side, leaves  # the steps' frame is gone: graph and outputs already freed
-            gc.collect()
+            # the steps' frame is gone, so the graph and outputs are freed; now the arguments
+            # (no gc.collect(): a full collection costs ~0.3 s; storages kept only by reference
+            # cycles, e.g. a ctx attribute holding an output, are simply not shown released)
+            del side, leaves
         return result
 
     def _name_arguments(self, recorder: "Recorder", side: "Side",
@@ -385,16 +386,18 @@ def _run_one(run: "_Run", plan: _Plan, schedule: Schedule, *, user: bool) -> Non
     result = plan.execute(schedule, run.spec.impl, cots)
     if result.forward_error is not None:
         return  # the core checks own forward errors
-    steps = " -> ".join(schedule.steps)
-    ref_result = plan.execute(schedule, run.spec.ref, cots)
-    context = (f"schedule: {steps}\n"
-               f"implementation: {_describe(result)}\n"
-               f"reference under the same schedule: {_describe(ref_result)}")
+
+    def context() -> str:  # only built for a finding: it runs the reference's schedule too
+        ref_result = plan.execute(schedule, run.spec.ref, cots)
+        return (f"schedule: {' -> '.join(schedule.steps)}\n"
+                f"implementation: {_describe(result)}\n"
+                f"reference under the same schedule: {_describe(ref_result)}")
+
     if result.error is not None:
         if schedule.expect == "match":
             run.finding("schedule", f"schedule {schedule.name!r} was expected to match the "
                         f"reference but the implementation raised {type(result.error).__name__}.",
-                        details=context, tb=_tb(result.error))
+                        details=context(), tb=_tb(result.error))
             return
         if schedule.expect == "raises" or not user:
             ok_type = isinstance(result.error, schedule.raises)
@@ -406,13 +409,13 @@ def _run_one(run: "_Run", plan: _Plan, schedule: Schedule, *, user: bool) -> Non
             run.finding("schedule", f"schedule {schedule.name!r} raised "
                         f"{type(result.error).__name__}, expected {schedule.raises.__name__}"
                         + (f" matching {schedule.match!r}" if schedule.match else "") + ".",
-                        details=context, tb=_tb(result.error))
+                        details=context(), tb=_tb(result.error))
         return
     if schedule.expect == "raises":
         run.finding("schedule", f"schedule {schedule.name!r} was expected to raise "
                     f"{schedule.raises.__name__}"
                     + (f" matching {schedule.match!r}" if schedule.match else "")
-                    + " but completed without error.", details=context,
+                    + " but completed without error.", details=context(),
                     fix="if the implementation is meant to support this schedule, declare "
                         "expect='match'.")
         return
@@ -426,12 +429,12 @@ def _run_one(run: "_Run", plan: _Plan, schedule: Schedule, *, user: bool) -> Non
                 "schedule",
                 f"schedule {schedule.name!r}: gradient w.r.t. {name!r} on backward #{k} differs "
                 "from the reference's at forward-time values, and autograd raised no error.",
-                argument=name, details=context + "\n" + m.message,
+                argument=name, details=context() + "\n" + m.message,
                 likely_cause=cause,
                 fix=None if cause else "save what backward needs with ctx.save_for_backward "
                                        "(autograd then raises) or save a clone.",
             )
-            if events:
+            if events and run.findings and run.findings[-1].check == "schedule":
                 run.findings[-1] = dataclasses.replace(run.findings[-1], timeline=events)
             return
 
