@@ -79,7 +79,18 @@ def test_ctx_attribute_then_caller_mutates_is_a_schedule_finding():
     assert "invisible to autograd's version check" in f.likely_cause
     assert re.search(r"overwritten by add_ on 'x' at step \d+ \(after forward", f.likely_cause)
     assert "read by backward #1" in f.likely_cause
+    assert f.details.startswith("schedule: forward -> write x -> backward\n"
+                                "implementation: completed without error\n"
+                                "reference under the same schedule: raised RuntimeError at step "
+                                "'backward': one of the variables needed for gradient computation "
+                                "has been modified by an inplace operation")
+    assert f.max_abs is not None and f.max_abs > 0
     text = f.render()
+    lines = text.splitlines()
+    assert lines[0].startswith("ScheduleMismatch: schedule 'mutate-after-forward[x]'")
+    assert "  tolerance: default for the dtype (torch.testing.assert_close)" in lines
+    assert text.index("Minimal failing example:") < text.index("Timeline (") \
+        < text.index("Likely cause:") < text.index("Reproduce:")
     assert "Timeline (implementation, replayed under the recorder):" in text
     assert "as ctx.x (no version check)" in text
     assert "content CHANGED since save" in text

@@ -358,8 +358,10 @@ def builtin_schedules(plan: _Plan) -> list[Schedule]:
 
 def _describe(result: _Result) -> str:
     if result.error is not None:
-        return (f"raised {type(result.error).__name__} at step {result.failed_step!r}: "
-                f"{str(result.error).splitlines()[0][:160]}")
+        text = str(result.error).splitlines()[0] if str(result.error) else ""
+        if len(text) > 200:
+            text = text[:200].rsplit(" ", 1)[0] + " ..."
+        return f"raised {type(result.error).__name__} at step {result.failed_step!r}: {text}"
     return "completed without error"
 
 
@@ -425,17 +427,18 @@ def _run_one(run: "_Run", plan: _Plan, schedule: Schedule, *, user: bool) -> Non
             if m is None:
                 continue
             cause, events = _explain(plan, schedule, cots)
+            n = len(run.findings)
             run.finding(
                 "schedule",
                 f"schedule {schedule.name!r}: gradient w.r.t. {name!r} on backward #{k} differs "
                 "from the reference's at forward-time values, and autograd raised no error.",
-                argument=name, details=context() + "\n" + m.message,
-                likely_cause=cause,
+                argument=name, mismatch=m, likely_cause=cause,
                 fix=None if cause else "save what backward needs with ctx.save_for_backward "
                                        "(autograd then raises) or save a clone.",
             )
-            if events and run.findings and run.findings[-1].check == "schedule":
-                run.findings[-1] = dataclasses.replace(run.findings[-1], timeline=events)
+            if len(run.findings) > n:  # the numbers, after what was run
+                run.findings[-1] = dataclasses.replace(
+                    run.findings[-1], details=context() + "\n" + m.message, timeline=events)
             return
 
 
