@@ -3,7 +3,8 @@
     python bench/recorder_bench.py [--repeats N]
 
 Workload: a small MLP-like chain (matmul, tanh, in-place add, a view) plus a custom Function
-with a ctx attribute, on small and medium tensors. Prints the best time of N interleaved runs (robust on a loaded machine) and the ratio.
+with a ctx attribute, on small, medium and large tensors. Prints the best time of N interleaved
+runs (robust on a loaded machine) and the ratio.
 """
 
 from __future__ import annotations

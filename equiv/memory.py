@@ -71,7 +71,8 @@ def _retained(outputs: list[torch.Tensor], saved: list[torch.Tensor],
 
     nodes = saved_by(outputs)
     entries = [(t, nodes.get(_geometry(t), "autograd")) for t in saved]
-    entries += [(t, f"{type(node).__name__} as ctx.{attr}") for node, attr, t in ctx_tensors(outputs)]
+    entries += [(t, f"{type(node).__name__} as ctx.{attr}")
+                for node, attr, t in ctx_tensors(outputs)]
     by_storage: dict[Any, tuple[str, int]] = {}
     for t, how in entries:
         st = t.untyped_storage()

@@ -412,7 +412,8 @@ def render(events: Sequence[dict[str, Any]], max_events: int | None = None) -> s
         kind = e["kind"]
         head = f"{e['step']:>3}  {e['phase']:<14} {kind:<8}"
         if kind == "save":
-            via = f"as {e['detail']} (no version check)" if e.get("detail") else "saved for backward"
+            via = (f"as {e['detail']} (no version check)" if e.get("detail")
+                   else "saved for backward")
             text = (f"{e['tensor']} {e['storage']} v{e['version_before']} by {e['grad_fn']}, "
                     f"{via}; keeps {e.get('nbytes', 0):,} B of storage alive")
         elif kind == "view":
@@ -427,7 +428,8 @@ def render(events: Sequence[dict[str, Any]], max_events: int | None = None) -> s
             text = (f"{e['op']} on {e['tensor']} {e['storage']} "
                     f"v{e['version_before']}->v{e['version_after']} ({tracked})")
         elif kind == "read":
-            text = (f"{e['tensor']} {e['storage']} by {e['grad_fn']}: saved v{e['version_before']}, "
+            text = (f"{e['tensor']} {e['storage']} by {e['grad_fn']}: "
+                    f"saved v{e['version_before']}, "
                     f"now v{e['version_after']}, {e['detail']}")
         elif kind == "release":
             text = f"{e['storage']} freed"
@@ -456,7 +458,8 @@ def likely_cause(events: Sequence[dict[str, Any]]) -> str | None:
                  f"{save['storage']} v{save['version_before']}")
         what = f"saved {_quote(save['tensor'])} ({where})"
         if save.get("detail"):
-            what = (f"{_quote(save['tensor'])} stashed as {save['detail']} ({where}; a ctx attribute "
+            what = (f"{_quote(save['tensor'])} stashed as {save['detail']} ({where}; "
+                    "a ctx attribute "
                     "is invisible to autograd's version check, use ctx.save_for_backward)")
         if not writes:
             return (f"{what} changed before backward read it at step {r['step']} by a write "
