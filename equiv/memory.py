@@ -16,7 +16,7 @@ from equiv._compat import TorchDispatchMode, tree_flatten
 if TYPE_CHECKING:  # pragma: no cover
     from equiv.checks.core import _Run
 
-__all__ = ["MemoryStats", "measure"]
+__all__ = ["MemoryComparison", "MemoryStats", "compare_memory", "measure"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +148,38 @@ def _table(impl: MemoryStats, ref: MemoryStats) -> str:
         f"{'implementation':<16}{impl.peak_bytes:>16,} B{impl.retained_bytes:>24,} B",
         f"{'reference':<16}{ref.peak_bytes:>16,} B{ref.retained_bytes:>24,} B",
     ])
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryComparison:
+    """Both sides' memory on one example; ``str()`` is the side-by-side table."""
+
+    implementation: MemoryStats
+    reference: MemoryStats
+
+    def __str__(self) -> str:
+        return _table(self.implementation, self.reference)
+
+
+def compare_memory(impl: Any, *args: Any, **kwargs: Any) -> MemoryComparison:
+    """Measure a registered implementation and its reference on one example (the arguments are
+    copied, never modified): did the in-place version save memory?
+
+    Raises ``InvalidArgument`` when either side raises on the example.
+    """
+    from equiv.errors import InvalidArgument
+    from equiv.examples import Args, Template
+    from equiv.spec import get_spec
+
+    spec = get_spec(impl)
+    template = Template(spec.signature, Args(*args, **kwargs), spec.mutates.keys())
+    impl_stats = measure(spec.impl, template.instantiate())
+    ref_stats = measure(spec.ref, template.instantiate())
+    if impl_stats is None or ref_stats is None:
+        side = "implementation" if impl_stats is None else "reference"
+        raise InvalidArgument(f"compare_memory: the {side} raised on this example; pass "
+                              "arguments both sides accept.")
+    return MemoryComparison(impl_stats, ref_stats)
 
 
 def check_memory(run: "_Run") -> None:

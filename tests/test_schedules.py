@@ -468,3 +468,30 @@ def test_measure_on_cuda_uses_allocator_peak():
     stats = measure(corner_wasteful, template.instantiate(device="cuda"))
     assert stats.retained_bytes == 4_000_000
     assert stats.peak_bytes >= 4_000_000
+
+
+def test_compare_memory_shows_whether_in_place_saved_memory():
+    """compare_memory(): the in-place side allocates nothing; the user's tensor is untouched."""
+    from equiv.memory import compare_memory
+
+    def relu_ref(x):
+        return torch.relu(x)
+
+    @equivalent_to(relu_ref, mutates={"x": "out"})
+    def relu_(x):
+        return x.clamp_(min=0)
+
+    x = torch.randn(64, 64)
+    before = x.clone()
+    both = compare_memory(relu_, x)
+    assert both.implementation.peak_bytes == 0
+    assert both.reference.peak_bytes == 64 * 64 * 4
+    assert torch.equal(x, before) and x._version == 0
+    assert re.search(r"reference +16,384 B", str(both))
+
+    @equivalent_to(relu_ref)
+    def broken(x):
+        raise ValueError("no")
+
+    with pytest.raises(equiv.InvalidArgument, match="the implementation raised"):
+        compare_memory(broken, x)
