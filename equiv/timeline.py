@@ -510,7 +510,11 @@ def explain_findings(run: Any, first: int) -> None:
     repeated = run.cfg.backward_repeats >= 2 and "repeated-backward" in run.cfg.checks
     steps = ("forward", "backward", "backward", "backward") if repeated else ("forward", "backward")
     rec = Recorder()
-    plan.execute(Schedule(steps), run.spec.impl, [cot1, cot1, cot2], recorder=rec)
+    try:
+        plan.execute(Schedule(steps), run.spec.impl, [cot1, cot1, cot2], recorder=rec)
+    except RuntimeError as e:  # e.g. saved-tensor hooks disabled by an enclosing context
+        run.notes.append(f"timeline recorder unavailable: {str(e)[:160]}")
+        return
     cause = likely_cause(rec.events)
     events = tuple(rec.events)
     for i in range(first, len(run.findings)):

@@ -240,3 +240,22 @@ def test_foreach_writes_and_multi_output_views_are_recorded():
                                                          ("_foreach_add_", "b")]
     assert [e["op"] for e in _kinds(rec.events, "view")] == ["unbind", "unbind"]
     assert "... 2 more events" in render(rec.events, max_events=2)
+
+
+def test_findings_survive_when_hooks_are_disabled():
+    """Inside disable_saved_tensors_hooks the recorder cannot run: findings stay, with a note."""
+    import equiv
+
+    def square_ref(x):
+        return x * x
+
+    @equiv.equivalent_to(square_ref)
+    def square_then_bump(x):
+        y = x * x
+        x.data.add_(1.0)
+        return y
+
+    with torch.autograd.graph.disable_saved_tensors_hooks("hooks are off in this test"):
+        report = equiv.check(square_then_bump, max_examples=3, seed=0, raise_on_failure=False)
+    assert "gradients" in {f.check for f in report.findings}
+    assert "timeline recorder unavailable: hooks are off in this test" in report.notes

@@ -448,7 +448,11 @@ def _explain(plan: _Plan, schedule: Schedule, cots: list[list[torch.Tensor]]
     from equiv.timeline import Recorder, likely_cause
 
     rec = Recorder()
-    plan.execute(schedule, plan.run.spec.impl, cots, recorder=rec)
+    try:
+        plan.execute(schedule, plan.run.spec.impl, cots, recorder=rec)
+    except RuntimeError as e:  # e.g. saved-tensor hooks disabled by an enclosing context
+        plan.run.notes.append(f"timeline recorder unavailable: {str(e)[:160]}")
+        return None, ()
     return likely_cause(rec.events), tuple(rec.events)
 
 
