@@ -34,8 +34,9 @@ class Finding:
     fix: str | None = None
     traceback: str | None = None
     reproduce: str = ""
-    #: events of the implementation's run under the timeline recorder (JSON-able dicts)
-    timeline: tuple[dict[str, Any], ...] = ()
+    #: events of the implementation's run under the timeline recorder (JSON-able dicts);
+    #: derived evidence, so left out of ==/hash (a Finding stays hashable)
+    timeline: tuple[dict[str, Any], ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def failure_class(self) -> type[EquivalenceFailure]:

@@ -220,7 +220,9 @@ def test_finding_carries_and_renders_the_timeline():
     assert text.index("Timeline") < text.index("Likely cause:")
     assert "version NOT bumped: untracked" in text
     assert json.loads(json.dumps(finding.to_dict()))["timeline"][0]["kind"] == "save"
-    assert pickle.loads(pickle.dumps(finding)) == finding
+    again = pickle.loads(pickle.dumps(finding))
+    assert again == finding and again.timeline == events
+    assert hash(finding) == hash(again)
     assert "Timeline" not in Finding(check="gradients", headline="h").render()
 
 
