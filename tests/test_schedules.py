@@ -422,6 +422,25 @@ def test_expect_match_is_enforced():
     assert "modified by an inplace operation" in f.details
 
 
+def test_expect_raises_checks_type_and_message():
+    """A raise with the wrong message (or type) is a finding naming what was expected."""
+    @equivalent_to(square_ref, schedules=[
+        Schedule(("forward", "write x", "backward"), name="wrong-message", expect="raises",
+                 match="out of memory"),
+        Schedule(("forward", "write x", "backward"), name="wrong-type",
+                 expect="raises-or-match", raises=ValueError),
+    ])
+    def square_saved(x):
+        return _SaveX.apply(x)
+
+    report = _failed(square_saved)
+    f = _only(report, "schedule", "'wrong-message'")
+    assert "raised RuntimeError, expected RuntimeError matching 'out of memory'" in f.headline
+    assert "modified by an inplace operation" in f.traceback
+    g = _only(report, "schedule", "'wrong-type'")
+    assert "raised RuntimeError, expected ValueError." in g.headline
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"schedules": Schedule(("forward", "backward"))}, "takes a list of equiv.Schedule"),
     ({"schedules": [("forward", "backward")]}, "wrap each script in equiv.Schedule"),
