@@ -11,6 +11,15 @@ One :class:`Recorder` run records, in order:
 - ``step``    an optimizer step (announced by the schedule driver).
 
 Storages are named ``S1, S2, ...`` and tensors by argument names, so the text is deterministic.
+
+Each event is a plain JSON-able dict with the keys ``step`` (1, 2, ...), ``phase`` (``forward``,
+``after forward``, ``backward #k``, ``step``, ``release``), ``kind``, ``storage`` (``S1``),
+``tensor`` (``'x'``, ``'detach(x)'``, ``'alias of 'x''``, ``'<intermediate f32[2,3]>'``), ``op``,
+``version_before``, ``version_after``, ``tracked`` (bool; for writes: did the version counters of
+the saved values on that storage move), ``grad_fn`` and ``detail``; plus, by kind: save
+``nbytes``, ``shape``; read ``changed``, ``saved_step`` (the step of its save); write
+``arg_bumped``, ``saved_watched``, ``saved_bumped`` (steps of the saves on that storage, and of
+those whose counter moved).
 Recording installs ``saved_tensors_hooks``, which switches off autograd's own version check:
 never decide an expected-error outcome under a recorder, only explain one.
 """
