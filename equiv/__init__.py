@@ -13,6 +13,7 @@ from equiv.errors import (
     OutputMismatch,
     ScheduleMismatch,
 )
+from equiv.checks.schedules import Schedule
 from equiv.examples import Args
 from equiv.modes import Mode, compiled
 from equiv.report import Finding, ModeResult, Report
@@ -36,6 +37,7 @@ __all__ = [
     "MutationMismatch",
     "OutputMismatch",
     "Report",
+    "Schedule",
     "ScheduleMismatch",
     "Spec",
     "check",

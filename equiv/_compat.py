@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode  # private path, stable since 1.13
 
 tree_flatten = pytree.tree_flatten
 tree_unflatten = pytree.tree_unflatten

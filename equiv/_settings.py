@@ -17,6 +17,8 @@ ALL_CHECKS: tuple[str, ...] = (
     "gradients",
     "repeated-backward",
     "output-stability",
+    "schedule",
+    "memory",
 )
 
 

@@ -36,6 +36,9 @@ class Finding:
     reproduce: str = ""
     #: for a non-eager mode: whether eager, and the reference in this mode, diverge too
     attribution: str | None = None
+    #: events of the implementation's run under the timeline recorder (JSON-able dicts);
+    #: derived evidence, so left out of ==/hash (a Finding stays hashable)
+    timeline: tuple[dict[str, Any], ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def failure_class(self) -> type[EquivalenceFailure]:
@@ -80,6 +83,12 @@ class Finding:
             lines.extend("    " + ln for ln in self.example_code.splitlines())
         if self.attribution:
             lines.append(f"Attribution: {self.attribution}")
+        if self.timeline:
+            from equiv.timeline import render as render_timeline
+
+            lines.append("Timeline (implementation, replayed under the recorder):")
+            text = render_timeline(self.timeline, max_events=80)
+            lines.extend("  " + ln for ln in text.splitlines())
         if self.likely_cause:
             lines.append(f"Likely cause: {self.likely_cause}")
         if self.fix:
@@ -91,6 +100,7 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["kind"] = self.kind
+        d["timeline"] = [dict(e) for e in self.timeline]
         return d
 
 

@@ -134,7 +134,8 @@ def test_public_surface():
     assert sorted(equiv.__all__) == sorted([
         "Args", "AliasingMismatch", "EquivError", "EquivalenceFailure", "ErrorMismatch",
         "Finding", "GradientMismatch", "InvalidArgument", "MemoryMismatch", "MutationMismatch",
-        "OutputMismatch", "Report", "ScheduleMismatch", "Spec", "check", "equivalent_to",
+        "OutputMismatch", "Report", "Schedule", "ScheduleMismatch", "Spec", "check",
+        "equivalent_to",
         "registry", "settings",
         "Mode", "ModeResult", "compiled",  # execution modes (issue 5)
     ])

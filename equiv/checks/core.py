@@ -172,6 +172,8 @@ class _Run:
         self._check_aliasing(impl_side, impl_result, ref_side, ref_result_raw)
         self._check_gradients(impl_side, impl_result, ref_side, ref_result, finals, consumed)
         self._check_stability(impl_result, out_snapshot)
+        from equiv.checks.schedules import run_schedules  # schedules + memory (equiv.timeline)
+        run_schedules(self)
         return self._outcome()
 
     def _outcome(self, invalid: str | None = None) -> Outcome:
@@ -384,6 +386,14 @@ class _Run:
 
     def _check_gradients(self, impl_side: Side, impl_out: Any, ref_side: Side, ref_out: Any,
                          finals: dict[str, Any], consumed: bool) -> None:
+        n = len(self.findings)
+        self._check_gradients_once(impl_side, impl_out, ref_side, ref_out, finals, consumed)
+        if len(self.findings) > n:  # replay under the recorder: timeline + likely cause
+            from equiv.timeline import explain_findings
+            explain_findings(self, n)
+
+    def _check_gradients_once(self, impl_side: Side, impl_out: Any, ref_side: Side, ref_out: Any,
+                              finals: dict[str, Any], consumed: bool) -> None:
         if not {"gradients", "repeated-backward"} & set(self.cfg.checks):
             return
         template = self.template
