@@ -120,8 +120,8 @@ def equivalent_to(
         strategy, derived = _resolve_inputs(inputs, sig, impl)
         exs = _validate_examples(examples, sig, impl)
         spec = Spec(
-            impl=impl, ref=ref, name=name or _qualname(impl), mutates=contract, inputs=strategy,
-            examples=exs, rtol=None if rtol is None else float(rtol),
+            impl=target, ref=ref, name=name or _qualname(target), mutates=contract,
+            inputs=strategy, examples=exs, rtol=None if rtol is None else float(rtol),
             atol=None if atol is None else float(atol), settings=settings, signature=sig,
             derived_inputs=derived,
         )
@@ -139,10 +139,11 @@ def equivalent_to(
 
 
 def _callable_target(impl: Any) -> Any:
-    apply = getattr(impl, "apply", None)
-    if isinstance(impl, type) and apply is not None:  # an autograd.Function subclass
-        return apply
-    return impl
+    """What equiv calls: ``Fn.apply`` for an autograd.Function subclass, the op for a custom op
+    (each with a usable signature), else ``impl`` itself."""
+    from equiv.checks.function import callable_for
+
+    return callable_for(impl)
 
 
 def _validate_mutates(mutates: Any, sig: inspect.Signature, impl: Any) -> dict[str, Location]:
