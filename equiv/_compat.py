@@ -13,10 +13,6 @@ keystr = pytree.keystr
 TreeSpec = pytree.TreeSpec
 
 
-def is_leaf_none(x: Any) -> bool:
-    return x is None
-
-
 # -- custom Functions and torch.library custom ops (equiv.checks.function) -------------------
 def custom_function_node_type() -> type:
     """The base class of the autograd nodes of Python ``autograd.Function``s (and of custom ops
@@ -52,3 +48,8 @@ def custom_op_overload(obj: Any) -> Any:
 
 def op_schema(overload: Any) -> Any:
     return overload._schema
+
+
+def is_leaf_none(x: Any) -> bool:
+    return x is None
+
