@@ -52,4 +52,3 @@ def op_schema(overload: Any) -> Any:
 
 def is_leaf_none(x: Any) -> bool:
     return x is None
-
