@@ -86,6 +86,17 @@ def test_a_new_style_function_keeps_all_of_forwards_parameters():
     assert equiv.check(MulNewStyle, settings=FAST).ok
 
 
+def test_a_subclass_does_not_inherit_its_parents_spec():
+    equivalent_to(lambda a, b, scale=1.0: a * b * scale)(MulSaved)
+
+    class MulSubclass(MulSaved):
+        pass
+
+    with pytest.raises(equiv.InvalidArgument, match="has no equiv spec"):
+        equiv.check(MulSubclass, settings=FAST)
+    assert equiv.check(MulSaved.apply, settings=FAST).ok  # the Reproduce line's spelling
+
+
 def test_a_wrong_function_class_is_named_in_the_example():
     class MulWrong(MulSaved):
         @staticmethod
@@ -539,6 +550,10 @@ def test_a_custom_op_with_a_wrong_backward_passes_opcheck_and_fails_equiv():
     assert any(n.startswith("opcheck passed for custom op equiv_tests::sin_wrong_grad")
                for n in report.notes)
     assert "opcheck" not in {g.check for g in report.findings}
+    assert f.reproduce == "equiv.check(torch.ops.equiv_tests.sin_wrong_grad, seed=1234)"
+    again = equiv.check(torch.ops.equiv_tests.sin_wrong_grad, settings=FAST,
+                        raise_on_failure=False)  # the Reproduce line works as written
+    assert [g.headline for g in again.findings] == [g.headline for g in report.findings]
 
 
 def test_opcheck_failures_of_ops_the_implementation_calls_are_findings():

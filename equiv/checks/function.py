@@ -37,7 +37,7 @@ import inspect
 import itertools
 import re
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -72,6 +72,26 @@ def callable_for(impl: Any) -> Callable[..., Any]:
     if overload is not None:
         return _op_call(overload)
     return impl
+
+
+def own_spec(impl: Any, specs: Iterable[Any]) -> Any:
+    """``impl``'s own ``__equiv_spec__``: a Function subclass does not inherit its parent's;
+    ``Fn.apply`` and every spelling of a registered custom op (``torch.ops.ns.op``, its
+    overload, the ``custom_op`` object) find the spec registered for them."""
+    if isinstance(impl, type):
+        return vars(impl).get("__equiv_spec__")
+    spec = getattr(impl, "__equiv_spec__", None)
+    if spec is not None:
+        return spec
+    owner = getattr(impl, "__self__", None)  # Fn.apply: a method bound to the class
+    if isinstance(owner, type) and issubclass(owner, torch.autograd.Function):
+        return vars(owner).get("__equiv_spec__")
+    overload = custom_op_overload(impl)
+    if overload is not None:
+        for spec in specs:
+            if getattr(spec.impl, "__equiv_wraps__", None) is overload:
+                return spec
+    return None
 
 
 def _setup_context_defined(fn_cls: type) -> bool:
