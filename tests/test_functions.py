@@ -86,6 +86,19 @@ def test_a_new_style_function_keeps_all_of_forwards_parameters():
     assert equiv.check(MulNewStyle, settings=FAST).ok
 
 
+def test_a_function_without_a_readable_forward_is_a_clear_registration_error():
+    class Opaque(torch.autograd.Function):
+        forward = staticmethod(torch.relu)  # a builtin: no Python signature
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    with pytest.raises(equiv.InvalidArgument, match="cannot read the signature of .*Opaque"
+                                                    r"\.forward .*calls .*Opaque\.apply"):
+        equivalent_to(torch.relu)(Opaque)
+
+
 def test_a_subclass_does_not_inherit_its_parents_spec():
     equivalent_to(lambda a, b, scale=1.0: a * b * scale)(MulSaved)
 
@@ -248,6 +261,7 @@ def test_mark_dirty_catches_the_write_on_an_undeclared_argument_too():
     f = finding(report, "mark-dirty")
     assert "inside ScaleNoDirty.forward without ctx.mark_dirty(x)" in f.headline
     assert "a leaf" in f.details
+    assert "No gradient difference on this example" in f.details  # x's new value is not compared
     assert "mutation" in {g.check for g in report.findings}
 
 
@@ -301,6 +315,35 @@ def test_needs_input_grad_catches_a_gate_on_the_wrong_index():
     assert f.headline == (f"gradient w.r.t. {f.argument!r} differs from the reference when only "
                           f"{f.argument!r} requires grad ({other!r} not).")
     assert "wrong ctx.needs_input_grad index" in f.likely_cause
+
+
+class MulShapeWhenAlone(torch.autograd.Function):
+    """Returns a wrongly shaped gradient, but only when b does not require grad."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a * b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        if not ctx.needs_input_grad[1]:
+            return (g * b).sum(0, keepdim=True), None
+        return g * b, g * a
+
+
+def test_needs_input_grad_names_a_slot_error_that_only_one_pattern_hits():
+    @equivalent_to(lambda a, b: a * b, inputs=two(shape=(3, 2)))
+    def product(a, b):
+        return MulShapeWhenAlone.apply(a, b)
+
+    report = failure(product, equiv.GradientMismatch)
+    f = finding(report, "needs-input-grad")
+    assert f.headline == ("When only 'a' requires grad ('b' not): MulShapeWhenAlone.backward "
+                          "returned a gradient of shape [1, 2] for forward input 'a', which has "
+                          "shape [3, 2].")
+    assert f.traceback
 
 
 def test_needs_input_grad_passes_the_right_index():

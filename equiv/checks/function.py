@@ -107,7 +107,15 @@ def forward_parameters(fn_cls: type) -> list[inspect.Parameter]:
 
 
 def _function_apply(fn_cls: type) -> Callable[..., Any]:
-    sig = inspect.Signature(forward_parameters(fn_cls))
+    try:
+        sig = inspect.Signature(forward_parameters(fn_cls))
+    except (TypeError, ValueError) as e:
+        from equiv.errors import InvalidArgument
+
+        raise InvalidArgument(
+            f"cannot read the signature of {fn_cls.__qualname__}.forward ({e}); decorate a plain "
+            f"Python function with named parameters that calls {fn_cls.__qualname__}.apply."
+        ) from None
 
     def apply(*args: Any, **kwargs: Any) -> Any:
         return fn_cls.apply(*args, **kwargs)
@@ -338,8 +346,8 @@ def _check_mark_dirty(run: "_Run", template: "Template") -> None:
         where = (f"inside {' or '.join(names)}.forward without ctx.mark_dirty({slot.path})"
                  if names else "outside autograd (inside a custom Function's forward without "
                  "ctx.mark_dirty, or under torch.no_grad())")
-        consequence = [f.headline for f in run.findings if f.check in ("gradients", "mutation",
-                                                                       "repeated-backward")]
+        consequence = [f.headline for f in run.findings
+                       if f.check in ("gradients", "repeated-backward")]
         details = (f"version counter {version} -> {t._version} during the call, but its autograd "
                    f"history is unchanged ({type(grad_fn).__name__ if grad_fn is not None else 'a leaf'}"
                    "), so gradients through its new value skip the write.")
@@ -462,12 +470,16 @@ def _check_needs_input_grad(run: "_Run", template: "Template") -> None:
             continue
         imp, err = core._vjp([i for _, i, _ in done.pairs], i_leaves, [c.clone() for c in cots])
         if err is not None:
-            run.finding("needs-input-grad", f"the implementation's backward raised "
-                        f"{type(err).__name__} {when}, where the reference's did not.",
+            slots = _slot_headline(str(err), {
+                type(n).__name__: _function_class(n)
+                for n in function_nodes([i for _, i, _ in done.pairs])})
+            headline, fix = slots if slots is not None else (
+                f"the implementation's backward raised {type(err).__name__}.",
+                "compute the gradient of every input for which ctx.needs_input_grad[i] is True, "
+                "and return None for the others.")
+            run.finding("needs-input-grad", f"{when[0].upper()}{when[1:]}: {headline}",
                         details=f"{type(err).__name__}: {str(err)[:400]}",
-                        tb=core._format_tb(err),
-                        fix="compute the gradient of every input for which "
-                            "ctx.needs_input_grad[i] is True, and return None for the others.")
+                        tb=core._format_tb(err), fix=fix)
             return
         for g, a, e in zip(done.groups, imp, ref):
             name = template.group_name(g)
