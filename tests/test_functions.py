@@ -432,6 +432,16 @@ def test_gradient_slots_name_a_gradient_of_the_wrong_shape():
                           "'x', which has shape [3, 4].")
 
 
+def test_a_gradient_of_the_wrong_dtype_is_cast_by_autograd_and_caught_by_its_values():
+    """Autograd silently casts a float16 gradient to the float64 input's dtype (no error to
+    explain); the digits lost are a gradients finding at float64's tolerance."""
+    Square = with_backward(lambda ctx, g: ((2 * g * ctx.saved_tensors[0]).half(), None))
+    report = failure(square_of(Square), equiv.GradientMismatch)
+    f = finding(report, "gradients")
+    assert f.headline == "gradient w.r.t. 'x' differs from the reference on backward #1."
+    assert 1e-7 < f.max_abs < 1e-1
+
+
 def test_gradient_slots_pass_none_for_the_flag():
     Square = with_backward(lambda ctx, g: (2 * g * ctx.saved_tensors[0], None))
     assert equiv.check(square_of(Square), settings=FAST).ok
