@@ -631,3 +631,31 @@ def test_a_custom_op_is_registered_with_its_schema_signature():
     assert list(spec.signature.parameters) == ["x"]
     assert spec.signature.parameters["x"].annotation is torch.Tensor
     assert spec.implementation == "torch.ops.equiv_tests.sin_wrong_grad"
+
+
+# --------------------------------------------------------------------------- user tensors
+@torch.library.custom_op("equiv_tests::double_", mutates_args=("x",))
+def double_(x: torch.Tensor) -> None:
+    x.mul_(2)
+
+
+def test_the_function_checks_never_modify_the_users_tensors():
+    """Explicit examples go through mark-dirty, the patterns, double backward and opcheck (which
+    runs a mutating op) on copies: the caller's tensors keep their values and versions."""
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(3, 4, dtype=torch.float64)
+    before = (x.detach().clone(), y.clone(), x._version, y._version)
+
+    @equivalent_to(lambda x, y: (x * 2 * y * 2, y * 2), mutates={"y": 1},
+                   examples=[(x, y)],
+                   inputs=st.tuples(tensors(shape=(2,), dtype=torch.float64, requires_grad=True),
+                                    tensors(shape=(2,), dtype=torch.float64)))
+    def scale_both(x, y):
+        double_(y)
+        return ScaleNoDirty.apply(x * 1) * y, y
+
+    report = equiv.check(scale_both, settings=FAST, max_examples=2, raise_on_failure=False)
+    assert report.examples_run >= 1 and report.ok, report.render()
+    assert any("opcheck passed for custom op equiv_tests::double_" in n for n in report.notes)
+    assert torch.equal(x.detach(), before[0]) and torch.equal(y, before[1])
+    assert (x._version, y._version) == before[2:]
