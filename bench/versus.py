@@ -160,7 +160,7 @@ def run_opcheck(opname, shape) -> tuple[bool, float] | None:
     return caught, time.perf_counter() - start
 
 
-def main() -> str:
+def main(argv=None) -> str:
     shape = (4, 4)
     rows = ["| bug | equiv | gradcheck (slow) | gradcheck (fast) | opcheck |",
             "| --- | --- | --- | --- | --- |"]

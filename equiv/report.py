@@ -101,6 +101,7 @@ class Report:
     seed: int | None = None
     examples_run: int = 0
     invalid_examples: int = 0
+    first_failure_at: int | None = None  # examples run up to and including the first failure
     modes: tuple[str, ...] = ("eager",)
     devices: tuple[str, ...] = ("cpu",)
     checks: tuple[str, ...] = ()

@@ -82,7 +82,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
             )
     run_seed = cfg.seed if cfg.seed is not None else (
         None if cfg.derandomize else random.SystemRandom().randrange(2**32))
-    stats = {"runs": 0, "invalid": 0}
+    stats = {"runs": 0, "invalid": 0, "first_failure": 0}
     notes: list[str] = []
     last_invalid: list[str] = []
     mode, device = "eager", "cpu"
@@ -105,6 +105,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
             last_invalid[:] = [outcome.invalid]
             hypothesis.reject()
         if outcome.findings:
+            stats["first_failure"] = stats["first_failure"] or stats["runs"]
             template = outcome.template
             name = spec.impl.__name__ if hasattr(spec.impl, "__name__") else spec.name
             example_text = template.describe(name) if template else ""
@@ -152,6 +153,17 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
         findings.extend(e.findings)
     except _Abort as e:
         raise e.error from None
+    except FlakyFailure as e:
+        first = [f for x in e.exceptions if isinstance(x, _Found) for f in x.findings]
+        findings.append(Finding(
+            check="flaky", headline="the result is flaky: an example failed once and "
+            "passed when replayed (nondeterminism in the implementation or reference).",
+            spec=spec.name, implementation=spec.implementation, reference=spec.reference,
+            details="\n".join(["on its first run the example gave:"]
+                               + [f"  {f.kind}: {f.headline}" for f in first]) if first
+            else str(e)[:500],
+            example=first[0].example if first else "",
+            reproduce=first[0].reproduce if first else ""))
     except BaseExceptionGroup as group:  # several distinct bugs
         for exc in group.exceptions:
             if isinstance(exc, _Found):
@@ -166,17 +178,11 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
             f"example (last: {last_invalid[0] if last_invalid else '?'}). Make inputs= draw "
             "inputs the reference accepts."
         ) from None
-    except FlakyFailure as e:
-        findings.append(Finding(
-            check="error-parity", headline="the result is flaky: an example failed once and "
-            "passed when replayed (nondeterminism in the implementation or reference).",
-            spec=spec.name, implementation=spec.implementation, reference=spec.reference,
-            details=str(e)[:500], reproduce=f"equiv.check(..., seed={run_seed})"))
-
     report = Report(
         spec=spec.name, implementation=spec.implementation, reference=spec.reference,
         findings=tuple(_dedupe(findings)), seed=run_seed, examples_run=stats["runs"],
-        invalid_examples=stats["invalid"], modes=cfg.modes, devices=cfg.devices,
+        invalid_examples=stats["invalid"], first_failure_at=stats["first_failure"] or None,
+        modes=cfg.modes, devices=cfg.devices,
         checks=cfg.checks, notes=tuple(notes), settings=cfg.summary(),
     )
     if raise_on_failure:

@@ -524,3 +524,19 @@ def test_several_distinct_findings_are_all_reported():
     report = failure(many_bugs)
     assert {"mutation", "gradients"} <= checks_of(report)
     assert "[1/" in report.render()
+
+
+# --------------------------------------------------------------------------- flakiness
+def test_a_nondeterministic_implementation_is_reported_as_flaky():
+    """A failure that does not reproduce on replay is a 'flaky' finding, not a plain pass."""
+    calls = {"n": 0}
+
+    @equivalent_to(lambda x: x * 2, inputs=one(requires_grad=False))
+    def sometimes_wrong(x):
+        calls["n"] += 1
+        return x * 2 + (1.0 if calls["n"] == 3 else 0.0)  # only the 2nd example
+
+    report = equiv.check(sometimes_wrong, settings=FAST, raise_on_failure=False)
+    assert not report.ok
+    assert report.findings[0].check == "flaky"
+    assert "failed once and passed when replayed" in report.findings[0].headline
