@@ -22,7 +22,11 @@ by walking ``grad_fn.next_functions`` from its outputs), to keep the cost bounde
   storages (all proper non-empty subsets up to 3 of them, else each one alone and each one left
   out), each pattern's gradients compared with the reference's.
 - ``double-backward``: the gradient of the vector-Jacobian product w.r.t. the inputs
-  (``create_graph=True``) compared with the reference's; ``@once_differentiable`` is a note.
+  (``create_graph=True``) compared with the reference's where both support it. A
+  ``@once_differentiable`` backward, or one computed entirely outside autograd (its result has no
+  path back to the inputs: double backward would silently be zero), is a note; a backward that is
+  partly differentiable (e.g. it uses an intermediate saved in forward) and so gives a wrong
+  second derivative is a finding.
 
 Once per spec, on the first valid example (any mode): ``opcheck`` runs
 ``torch.library.opcheck`` on every custom (non-aten) op the implementation calls, with the
@@ -555,6 +559,15 @@ def _check_double_backward(run: "_Run", template: "Template") -> None:
                     fix="make backward differentiable (torch ops only), or decorate it with "
                         "@torch.autograd.function.once_differentiable to declare that it is not.")
         return
+    if all(a is None for a in imp) and any(e is not None for e in ref):
+        # backward computes entirely outside autograd: like @once_differentiable, but silent
+        note = (f"double backward not supported by {who}: its backward computes outside autograd "
+                "(.detach(), .data, tensors saved without history), so double backward would "
+                "silently give zero; second-order gradients not compared. Decorate backward with "
+                "@torch.autograd.function.once_differentiable to make that an error")
+        if note not in run.notes:
+            run.notes.append(note)
+        return
     for g, a, e, leaf in zip(done.groups, imp, ref, r_leaves):
         name = template.group_name(g)
         m = core.compare_leaf(torch.zeros_like(leaf) if a is None else a,
@@ -562,15 +575,14 @@ def _check_double_backward(run: "_Run", template: "Template") -> None:
                               rtol=run.spec.rtol, atol=run.spec.atol, path=name)
         if m is None:
             continue
-        cause = None
-        if a is None and e is not None:
-            cause = (f"{who}'s backward computes its gradient outside autograd (.detach(), "
-                     ".data, torch.no_grad() or non-torch code), so double backward silently "
-                     "gives zero.")
         run.finding("double-backward", f"second-order gradient (double backward) w.r.t. "
                     f"{name!r} differs from the reference.", argument=name, mismatch=m,
-                    likely_cause=cause,
-                    fix="write backward with differentiable torch ops, or decorate it with "
+                    likely_cause=f"{who}'s backward is only partly differentiable: a value it "
+                                 "uses has no autograd history (an intermediate saved in forward "
+                                 "that is not an output, or a .detach()), so its derivative is "
+                                 "missing from double backward.",
+                    fix="save inputs or outputs (not intermediates) and recompute the rest in "
+                        "backward with torch ops, or decorate backward with "
                         "@torch.autograd.function.once_differentiable so double backward raises "
                         "instead of returning a wrong value.")
 
