@@ -352,9 +352,10 @@ def _check_mark_dirty(run: "_Run", template: "Template") -> None:
                  "ctx.mark_dirty, or under torch.no_grad())")
         consequence = [f.headline for f in run.findings
                        if f.check in ("gradients", "repeated-backward")]
+        history = type(grad_fn).__name__ if grad_fn is not None else "a leaf"
         details = (f"version counter {version} -> {t._version} during the call, but its autograd "
-                   f"history is unchanged ({type(grad_fn).__name__ if grad_fn is not None else 'a leaf'}"
-                   "), so gradients through its new value skip the write.")
+                   f"history is unchanged ({history}), so gradients through its new value skip "
+                   "the write.")
         if consequence:
             details += "\nGradient consequence on this example: " + consequence[0]
         else:
