@@ -16,6 +16,11 @@ ALL_CHECKS: tuple[str, ...] = (
     "aliasing",
     "gradients",
     "repeated-backward",
+    # custom autograd.Functions and torch.library custom ops (equiv.checks.function)
+    "mark-dirty",
+    "needs-input-grad",
+    "double-backward",
+    "opcheck",
     "output-stability",
     "schedule",
     "memory",

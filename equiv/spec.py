@@ -59,7 +59,9 @@ def registry() -> dict[str, Spec]:
 
 
 def get_spec(impl: Any) -> Spec:
-    spec = getattr(impl, "__equiv_spec__", None)
+    from equiv.checks.function import own_spec  # Function subclasses, Fn.apply, custom ops
+
+    spec = own_spec(impl, _REGISTRY.values())
     if isinstance(spec, Spec):
         return spec
     if isinstance(impl, Spec):
@@ -137,8 +139,8 @@ def equivalent_to(
         scheds, params = validate_options(sig, _qualname(impl), schedules, parameters,
                                           max_memory_ratio, max_retained_bytes)
         spec = Spec(
-            impl=impl, ref=ref, name=name or _qualname(impl), mutates=contract, inputs=strategy,
-            examples=exs, rtol=None if rtol is None else float(rtol),
+            impl=target, ref=ref, name=name or _qualname(target), mutates=contract,
+            inputs=strategy, examples=exs, rtol=None if rtol is None else float(rtol),
             atol=None if atol is None else float(atol), settings=settings, signature=sig,
             derived_inputs=derived, schedules=scheds, parameters=params,
             max_memory_ratio=None if max_memory_ratio is None else float(max_memory_ratio),
@@ -158,10 +160,11 @@ def equivalent_to(
 
 
 def _callable_target(impl: Any) -> Any:
-    apply = getattr(impl, "apply", None)
-    if isinstance(impl, type) and apply is not None:  # an autograd.Function subclass
-        return apply
-    return impl
+    """What equiv calls: ``Fn.apply`` for an autograd.Function subclass, the op for a custom op
+    (each with a usable signature), else ``impl`` itself."""
+    from equiv.checks.function import callable_for
+
+    return callable_for(impl)
 
 
 def _validate_mutates(mutates: Any, sig: inspect.Signature, impl: Any) -> dict[str, Location]:

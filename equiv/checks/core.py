@@ -171,6 +171,8 @@ class _Run:
         self._check_mutation(impl_side, impl_versions, finals)
         self._check_aliasing(impl_side, impl_result, ref_side, ref_result_raw)
         self._check_gradients(impl_side, impl_result, ref_side, ref_result, finals, consumed)
+        from equiv.checks.function import check_functions  # custom Functions and ops (issue 6)
+        check_functions(self, impl_side, impl_result, ref_side, ref_result, finals, consumed)
         self._check_stability(impl_result, out_snapshot)
         from equiv.checks.schedules import run_schedules  # schedules + memory (equiv.timeline)
         run_schedules(self)
