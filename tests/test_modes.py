@@ -621,6 +621,7 @@ class SiLUInPlace(torch.autograd.Function):
         return x
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # s is a constant to autograd: no 2nd order
     def backward(ctx, grad):
         s, y = ctx.saved_tensors
         return grad * (s + y * (1 - s))
