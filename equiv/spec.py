@@ -32,6 +32,11 @@ class Spec:
     signature: inspect.Signature
     derived_inputs: bool
     variants: tuple[str, ...] = ("layouts", "aliasing")  # see equiv.variants
+    # hazardous schedules and memory (equiv.checks.schedules, equiv.memory)
+    schedules: tuple[Any, ...] = ()
+    parameters: tuple[str, ...] = ()
+    max_memory_ratio: float | None = None
+    max_retained_bytes: int | None = None
 
     @property
     def implementation(self) -> str:
@@ -55,7 +60,9 @@ def registry() -> dict[str, Spec]:
 
 
 def get_spec(impl: Any) -> Spec:
-    spec = getattr(impl, "__equiv_spec__", None)
+    from equiv.checks.function import own_spec  # Function subclasses, Fn.apply, custom ops
+
+    spec = own_spec(impl, _REGISTRY.values())
     if isinstance(spec, Spec):
         return spec
     if isinstance(impl, Spec):
@@ -77,6 +84,10 @@ def equivalent_to(
     settings: Settings | None = None,
     name: str | None = None,
     variants: Any = True,
+    schedules: Sequence[Any] = (),
+    parameters: Sequence[str] = (),
+    max_memory_ratio: float | None = None,
+    max_retained_bytes: int | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
 
@@ -87,6 +98,10 @@ def equivalent_to(
     first. ``rtol``/``atol`` override the dtype's default tolerance (give both or neither).
     ``variants`` (default ``True``: other layouts and aliasing of unmutated arguments) says which
     automatic input variants the runner explores; see :mod:`equiv.variants`.
+    ``schedules`` adds :class:`equiv.Schedule` scripts (with their expected outcome) to the
+    built-in hazardous schedules; ``parameters`` names the arguments an optimizer steps.
+    ``max_memory_ratio`` (implementation peak / reference peak) and ``max_retained_bytes`` (bytes
+    the graph keeps alive after forward) make a memory contract.
     Returns the implementation unchanged, with ``__equiv_spec__`` attached.
     """
     if not callable(ref):
@@ -126,11 +141,18 @@ def equivalent_to(
         from equiv.variants import validate_variants
 
         kinds = validate_variants(variants, _qualname(impl))
+        from equiv.checks.schedules import validate_options
+
+        scheds, params = validate_options(sig, _qualname(impl), schedules, parameters,
+                                          max_memory_ratio, max_retained_bytes)
         spec = Spec(
-            impl=impl, ref=ref, name=name or _qualname(impl), mutates=contract, inputs=strategy,
-            examples=exs, rtol=None if rtol is None else float(rtol),
+            impl=target, ref=ref, name=name or _qualname(target), mutates=contract,
+            inputs=strategy, examples=exs, rtol=None if rtol is None else float(rtol),
             atol=None if atol is None else float(atol), settings=settings, signature=sig,
             derived_inputs=derived, variants=kinds,
+            schedules=scheds, parameters=params,
+            max_memory_ratio=None if max_memory_ratio is None else float(max_memory_ratio),
+            max_retained_bytes=max_retained_bytes,
         )
         try:
             impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
@@ -146,10 +168,11 @@ def equivalent_to(
 
 
 def _callable_target(impl: Any) -> Any:
-    apply = getattr(impl, "apply", None)
-    if isinstance(impl, type) and apply is not None:  # an autograd.Function subclass
-        return apply
-    return impl
+    """What equiv calls: ``Fn.apply`` for an autograd.Function subclass, the op for a custom op
+    (each with a usable signature), else ``impl`` itself."""
+    from equiv.checks.function import callable_for
+
+    return callable_for(impl)
 
 
 def _validate_mutates(mutates: Any, sig: inspect.Signature, impl: Any) -> dict[str, Location]:

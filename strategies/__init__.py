@@ -28,8 +28,11 @@ FLOATING = (torch.float64, torch.float32)
 HALF = (torch.float16, torch.bfloat16)
 COMPLEX = (torch.complex128, torch.complex64)
 INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-#: the dtypes derived inputs draw from (float64 first: failures shrink toward it)
-DERIVED_DTYPES = FLOATING + HALF
+#: the dtypes derived inputs draw from (float32 first: failures shrink toward it). Half dtypes
+#: come from the runner's opt-in "half" variant: default tolerances (torch.testing) are 1e-3
+#: relative for float16, which a correct kernel computing in another order can exceed by an ULP.
+DERIVED_DTYPES = (torch.float32, torch.float64)
+FLOAT_DTYPES = (torch.float32, torch.float64)  # kept for callers of the first version
 #: names accepted by ``tensors(special=...)``
 SPECIAL_VALUES = ("nan", "inf", "-inf", "-0.0", "subnormal", "large")
 # half-integers are exact in every floating dtype up to this many elements (bfloat16: 8 bits)
@@ -41,7 +44,8 @@ _SIMPLE_MAX = 256
 def shapes(draw: Any, *, min_dims: int = 0, max_dims: int = 3, min_side: int = 0,
            max_side: int = 4, compile_friendly: bool = False) -> tuple[int, ...]:
     """Tensor shapes, including 0-d and size-1 dims (and size-0 dims, rarely, when
-    ``min_side == 0``). Shrinks toward fewer dimensions and smaller sides.
+    ``min_side == 0``). Shrinks toward 1-D (0-d and size 0 are edge cases, not the target), then
+    smaller sides.
 
     ``compile_friendly=True`` keeps ``torch.compile`` recompilations bounded: at most two distinct
     ndims (``max_dims`` and ``max_dims - 1``, both >= ``max(min_dims, 1)``), and sides >= 2 from
@@ -59,17 +63,20 @@ def shapes(draw: Any, *, min_dims: int = 0, max_dims: int = 3, min_side: int = 0
         ndim = draw(st.integers(lo, hi))
         buckets = [b for b in (2, 4, 8, 16) if max(min_side, 2) <= b <= max(max_side, 2)] or [2]
         return tuple(draw(st.sampled_from(buckets)) for _ in range(ndim))
-    # ndim weighted toward 2 (layout bugs need 2 dims), 0-d stays a regular guest; shrinks
-    # toward min_dims
-    weight = {0: 1, 1: 2, 2: 4}
-    table = [d for d in range(min_dims, max_dims + 1) for _ in range(weight.get(d, 3))]
-    ndim = table[draw(st.integers(0, len(table) - 1))]
+    # ndim weighted toward 2 (layout bugs need 2 dims); 0-d is a regular guest but, like size 0,
+    # an edge case: failures shrink toward 1-D (or min_dims), then fewer dims only if needed
+    weight = {1: 2, 2: 4}
+    table = [d for d in range(max(min_dims, 1), max_dims + 1) for _ in range(weight.get(d, 3))]
+    if min_dims == 0 and (not table or draw(st.integers(0, 9)) == 9):
+        ndim = 0  # 1 in 10, behind its own flag so that shrinking stays monotone in ndim
+    else:
+        ndim = table[draw(st.integers(0, len(table) - 1))]
     # sides: the smallest is the shrink target (index 0) but the others are three times as
     # likely, since Hypothesis already favours index 0; size 0 is rare (1 in 16 per dim)
     lo, hi = max(min_side, 1), max(max_side, 1)
     side_table = [lo] + list(range(lo + 1, hi + 1)) * 3
     # the leading (batch) dim of a 2-D+ shape is 1 more often: bugs for a batch of one
-    batch_table = [lo] + list(range(lo, hi + 1)) * 2
+    batch_table = [lo, lo] + list(range(lo, hi + 1))
     sides = []
     for i in range(ndim):
         table = batch_table if i == 0 and ndim >= 2 else side_table
@@ -129,9 +136,10 @@ def _values(kind: int, seed: int, shape: tuple[int, ...], dtype: torch.dtype,
             imag = (torch.flip(order, (0,)) - n // 2).to(torch.float64) + 0.5
             return torch.complex(real, imag).reshape(shape).to(dtype)
         return real.reshape(shape).to(dtype)
-    base = torch.randn(shape, generator=g, dtype=torch.float64) * scale
+    real = torch.float64 if dtype in (torch.float64, torch.complex128) else torch.float32
+    base = torch.randn(shape, generator=g, dtype=real) * scale
     if dtype.is_complex:
-        imag = torch.randn(shape, generator=g, dtype=torch.float64) * scale
+        imag = torch.randn(shape, generator=g, dtype=real) * scale
         return torch.complex(base, imag).to(dtype)
     return base.to(dtype)
 
@@ -152,18 +160,20 @@ def _resolve(draw: Any, value: Any, default: Any) -> Any:
 def tensors(draw: Any, *, shape: Any = None, dtype: Any = None, device: Any = None,
             requires_grad: bool = False, elements: st.SearchStrategy | None = None,
             layout: Any = None, special: Sequence[str] | bool = (),
-            scale: float = 2.0) -> torch.Tensor:
+            scale: float = 2.0, salt: int = 0) -> torch.Tensor:
     """Dense strided tensors. ``shape``, ``dtype``, ``device`` and ``layout`` take a value or a
     strategy (defaults: ``shapes()``, float32, cpu, contiguous).
 
     Values: without ``elements``, a drawn choice between simple values (distinct small
     half-integers; the shrink target) and seeded continuous values (``randn * scale``); both
-    are dense and tie-free. With ``elements`` each element is drawn from that strategy.
+    are dense and tie-free; a non-default ``scale`` (the continuous values' standard deviation)
+    draws continuous values only. With ``elements`` each element is drawn from that strategy.
     ``special`` (names from ``SPECIAL_VALUES``, or ``True`` for all) plants nan, +-inf, -0.0,
     subnormals or large magnitudes at drawn positions of floating tensors.
     ``requires_grad`` applies to floating and complex dtypes; the result is a leaf.
     ``layout`` (a ``Layout`` or a kind name such as ``"transposed"``) never changes the values:
-    an ``expanded`` tensor's values are drawn for its stride-0 dim once.
+    an ``expanded`` tensor's values are drawn for its stride-0 dim once. ``salt`` is added to
+    the drawn seed (distinct values for tensors drawn from one choice).
     """
     shp = tuple(draw(shape) if isinstance(shape, st.SearchStrategy) else
                 (shape if shape is not None else draw(shapes())))
@@ -189,8 +199,8 @@ def tensors(draw: Any, *, shape: Any = None, dtype: Any = None, device: Any = No
                              max_size=_numel(value_shape)))
         t = torch.tensor(flat, dtype=dt).reshape(value_shape)
     else:
-        kind = draw(st.integers(0, 1))
-        t = _values(kind, draw(st.integers(0, 2**32 - 1)), value_shape, dt, scale)
+        kind = draw(st.integers(0, 1)) if scale == 2.0 else 1  # a chosen scale: continuous only
+        t = _values(kind, draw(st.integers(0, 2**32 - 1)) + 7919 * salt, value_shape, dt, scale)
     if special and dt.is_floating_point and t.numel():
         names = SPECIAL_VALUES if special is True else tuple(special)
         bad = [s for s in names if s not in SPECIAL_VALUES]
@@ -223,8 +233,8 @@ _SCALARS = {
 def arguments_for(signature: inspect.Signature, *,
                   dtypes_: Sequence[torch.dtype] = DERIVED_DTYPES) -> st.SearchStrategy:
     """Argument tuples for a signature: every required tensor parameter gets a tensor of one
-    shared drawn shape (``shapes()``: 0-d to 3-D, sides 0-4) and dtype (float64, float32,
-    float16, bfloat16), requiring grad; annotated ``float``/``int``/``bool`` parameters get small
+    shared drawn shape (``shapes()``: 0-d to 3-D, sides 0-4) and dtype (float32, float64),
+    requiring grad; annotated ``float``/``int``/``bool`` parameters get small
     scalars; parameters with defaults keep them. Raises ``ValueError`` naming the parameter when
     a required parameter cannot be derived."""
     kinds: list[tuple[str, Any, bool]] = []
@@ -250,7 +260,7 @@ def arguments_for(signature: inspect.Signature, *,
         from equiv.examples import Args
 
         # the dtype is the first choice: Hypothesis varies a test case's first choices most
-        # float64 first (the shrink target); the others twice as likely as listed once
+        # the first dtype is the shrink target; the others twice as likely as listed once
         dt = draw(st.sampled_from(tuple(dtypes_[:1]) + tuple(dtypes_[1:]) * 2))
         shp = draw(shapes())
         args: list[Any] = []

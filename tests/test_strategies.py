@@ -190,14 +190,20 @@ def test_integer_values_are_dense():
 
 
 def test_default_values_are_tie_free():
-    """Default floating values have no repeated element and no exact zero (no kinks)."""
+    """float32/float64 default values have no repeated element and no exact zero (no kinks);
+    in half precision continuous values may collide (few representable values), so at most
+    a tenth of the elements repeat one."""
     @hypothesis.settings(max_examples=60, derandomize=True, database=None)
     @given(es.tensors(shape=es.shapes(), dtype=st.sampled_from(es.FLOATING + es.HALF)))
     def run(t):
         flat = t.reshape(-1).float()
-        if t.numel() <= 64:
-            assert len(set(flat.tolist())) == t.numel()
-            assert not (flat == 0).any()
+        if 0 < t.numel() <= 64:
+            distinct = len(set(flat.tolist()))
+            if t.dtype in es.FLOATING:
+                assert distinct == t.numel()
+                assert not (flat == 0).any()
+            else:
+                assert distinct >= 0.9 * t.numel()
 
     run()
 

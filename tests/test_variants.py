@@ -11,14 +11,18 @@ import torch
 import equiv
 from equiv import equivalent_to
 
-#: the default number of examples (30), fixed seeds, no example database
+#: fixed seeds, no example database. Budget: 60 examples, twice the default of 30. Measured
+#: (20 seeds each, bugs of this file): at 30 examples each variant-specific bug is caught in
+#: about 85-100% of runs -- Hypothesis spends about half of a small budget on mutations of
+#: earlier examples, so only ~14 of 30 are independent draws; at 60 the misses mostly vanish.
+#: See the report on issue 3; raising the default max_examples is the lead's call.
 SEEDS = (0, 1)
+BUDGET = 60
 
 
 def default(seed: int) -> equiv.settings:
-    cfg = equiv.settings(seed=seed, hypothesis_settings=hypothesis.settings(database=None))
-    assert cfg.max_examples == equiv.settings().max_examples == 30
-    return cfg
+    return equiv.settings(seed=seed, max_examples=BUDGET,
+                          hypothesis_settings=hypothesis.settings(database=None))
 
 
 def run(impl, seed: int = 0) -> equiv.Report:
@@ -83,7 +87,7 @@ def test_transposed_bug_shrinks_to_2x2_transposed():
 
     for seed in SEEDS:
         f = run(double, seed).findings[0]
-        assert "double(x=f64[2,2] cpu grad (transposed, strides (1, 2)))" in f.example, f.example
+        assert "double(x=f32[2,2] cpu grad (transposed, strides (1, 2)))" in f.example, f.example
 
 
 # -- wrong only for expanded (stride-0) input ---------------------------------------------------
@@ -155,7 +159,7 @@ def test_same_tensor_bug_is_caught():
         return x * y
 
     caught(mul, "forward", "input variant: y is the same tensor as x", "y=<same tensor as x>",
-           "y = x  # the same tensor in two slots")
+           "    mul(x, x)")
 
 
 def test_same_tensor_twin_passes():
@@ -169,7 +173,7 @@ def test_same_tensor_twin_passes():
 
 
 def test_same_tensor_bug_shrinks_to_smallest_pair():
-    """Shrinks to the smallest aliased pair: one 0-d float64 tensor in both slots."""
+    """Shrinks to the smallest aliased pair: one one-element float32 tensor in both slots."""
     @equivalent_to(mul_ref)
     def mul(x, y):
         if x is y:
@@ -178,8 +182,8 @@ def test_same_tensor_bug_shrinks_to_smallest_pair():
 
     for seed in SEEDS:
         f = run(mul, seed).findings[0]
-        assert f.example == "mul(x=f64[] cpu grad (non-leaf), y=<same tensor as x>)", f.example
-        assert "y = x  # the same tensor in two slots" in f.example_code
+        assert f.example == "mul(x=f32[1] cpu grad, y=<same tensor as x>)", f.example
+        assert f.example_code.endswith("mul(x, x)")
 
 
 def test_overlapping_views_bug_is_caught():
@@ -203,7 +207,7 @@ def test_overlapping_bug_shrinks_to_smallest_pair():
 
     for seed in SEEDS:
         f = run(mul, seed).findings[0]
-        assert f.example == ("mul(x=f64[2] cpu grad (non-leaf), y=f64[2] cpu grad (overlaps x "
+        assert f.example == ("mul(x=f32[2] cpu grad (non-leaf), y=f32[2] cpu grad (overlaps x "
                              "(1 shared elements), storage offset 1, non-leaf))"), f.example
 
 
@@ -261,7 +265,7 @@ def test_batch_of_one_bug_is_caught():
         return (y - y.mean(dim=0, keepdim=True)).reshape(x.shape)
 
     f = caught(center, "forward", "Mismatched elements")
-    assert "x=f64[1," in f.example, f.example
+    assert "x=f32[1," in f.example, f.example
 
 
 def test_batch_of_one_twin_passes():
@@ -273,19 +277,23 @@ def test_batch_of_one_twin_passes():
     passes(center)
 
 
+HALF = ("layouts", "aliasing", "half")
+
+
 def test_float16_bug_is_caught():
-    @equivalent_to(double_ref)
+    """With the opt-in "half" variant (derived inputs are float32/float64 by default)."""
+    @equivalent_to(double_ref, variants=HALF)
     def double(x):
         if x.dtype == torch.float16:
             return x * 2.004  # a half kernel with a mis-rounded constant (0.2% off)
         return x * 2
 
-    f = caught(double, "forward", "dtype: torch.float16")
+    f = caught(double, "forward", "dtype: torch.float16", "input variant: x cast to float16")
     assert "f16[" in f.example
 
 
 def test_float16_twin_passes():
-    @equivalent_to(double_ref)
+    @equivalent_to(double_ref, variants=HALF)
     def double(x):
         if x.dtype in (torch.float16, torch.bfloat16):
             return (x.float() * 2).to(x.dtype)  # upcast: exact
