@@ -169,7 +169,7 @@ def test_overlapping_views_compile_only_divergence_is_caught_and_attributed():
     assert {f.mode for f in report.findings} == {"compile[aot_eager]"}
     f = report.findings[0]
     assert f.check == "forward" and f.argument == "output[1]"
-    assert "b=f32[3] cpu (view of a's storage, offset 1)" in f.example
+    assert "b=f32[3] cpu (overlaps a (2 shared elements), storage offset 1)" in f.example
     assert f.attribution.startswith("only the implementation under compile[aot_eager] diverges")
     assert _run("eager")(report).status == "passed"
     assert _run("compile[aot_eager]")(report).status == "FAIL"
