@@ -38,9 +38,20 @@ class settings:
     checks: tuple[str, ...] = ALL_CHECKS
     backward_repeats: int = 2
     hypothesis_settings: Any = None
+    #: dtypes examples are drawn in, by name ("float32", "float64", "bfloat16", ...)
+    dtypes: tuple[str, ...] = ("float32",)
+    #: per-dtype (rtol, atol) overriding torch.testing.assert_close's table; give a mapping
+    #: ``{"float16": (1e-3, 1e-5)}``, stored as sorted ``(dtype, rtol, atol)`` triples
+    tolerances: tuple[tuple[str, float, float], ...] = ()
+    #: named schedules to run (forward / mutate / backward scripts); () runs none
+    schedules: tuple[str, ...] = ()
+    #: memory contract, e.g. ``{"max_peak_ratio": 1.0}``; stored as sorted (key, value) pairs
+    memory: tuple[tuple[str, Any], ...] = ()
 
     _profiles: ClassVar[dict[str, "settings"]] = {}
     _current: ClassVar[str] = "default"
+    #: options of the running pytest session (--equiv-max-examples...), applied over the profile
+    _session_overrides: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, parent: "settings | None" = None, **changes: Any) -> None:
         base = parent if parent is not None else None
@@ -74,6 +85,14 @@ class settings:
                     f"settings({name}={value!r}): give a tuple of strings, e.g. ('eager',)."
                 )
             object.__setattr__(self, name, tuple(value))
+        object.__setattr__(self, "dtypes", _dtype_names(self.dtypes))
+        object.__setattr__(self, "tolerances", _tolerance_triples(self.tolerances))
+        if isinstance(self.schedules, str) or not all(isinstance(v, str) for v in self.schedules):
+            raise InvalidArgument(
+                f"settings(schedules={self.schedules!r}): give a tuple of schedule names."
+            )
+        object.__setattr__(self, "schedules", tuple(self.schedules))
+        object.__setattr__(self, "memory", _memory_pairs(self.memory))
         unknown = [c for c in self.checks if c not in ALL_CHECKS]
         if unknown:
             raise InvalidArgument(
@@ -84,6 +103,19 @@ class settings:
                 f"settings(backward_repeats={self.backward_repeats!r}): give 1 (no repeated "
                 "backward) or 2 (backward again through the retained graph)."
             )
+
+    def tolerance(self, dtype: Any) -> tuple[float, float] | None:
+        """The (rtol, atol) configured for ``dtype`` (a name or torch dtype), or None for
+        torch.testing.assert_close's default."""
+        name = _dtype_name(dtype)
+        for d, rtol, atol in self.tolerances:
+            if d == name:
+                return rtol, atol
+        return None
+
+    @property
+    def memory_contract(self) -> dict[str, Any]:
+        return dict(self.memory)
 
     # -- profiles ---------------------------------------------------------------------------
     @classmethod
@@ -108,8 +140,24 @@ class settings:
 
     @classmethod
     def default(cls) -> "settings":
-        """The currently loaded profile."""
-        return cls._profiles[cls._current]
+        """The currently loaded profile, with the running pytest session's options over it."""
+        base = cls._profiles[cls._current]
+        return settings(base, **cls._session_overrides) if cls._session_overrides else base
+
+    @classmethod
+    def _push_session(cls, profile: str | None = None, **overrides: Any) -> tuple[str, dict]:
+        """Internal (pytest plugin): load ``profile`` and apply ``overrides`` over it; returns
+        the previous state for :meth:`_pop_session`."""
+        previous = (cls._current, dict(cls._session_overrides))
+        if profile is not None:
+            cls.load_profile(profile)
+        settings(cls._profiles[cls._current], **overrides)  # validate now, not at first use
+        cls._session_overrides = dict(overrides)
+        return previous
+
+    @classmethod
+    def _pop_session(cls, previous: tuple[str, dict]) -> None:
+        cls._current, cls._session_overrides = previous[0], dict(previous[1])
 
     @property
     def profile(self) -> str:
@@ -122,9 +170,63 @@ class settings:
         )
 
 
+_DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128", "int8",
+           "int16", "int32", "int64", "uint8", "bool")
+
+
+def _dtype_name(d: Any) -> str:
+    name = d if isinstance(d, str) else str(d)
+    return name.removeprefix("torch.")
+
+
+def _dtype_names(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not hasattr(value, "__iter__"):
+        raise InvalidArgument(
+            f"settings(dtypes={value!r}): give a tuple of dtypes, e.g. ('float32', 'float64')."
+        )
+    names = tuple(_dtype_name(d) for d in value)
+    unknown = [n for n in names if n not in _DTYPES]
+    if unknown or not names:
+        raise InvalidArgument(
+            f"settings(dtypes={value!r}) names unknown dtype(s) {unknown}; known: {list(_DTYPES)}."
+        )
+    return names
+
+
+def _tolerance_triples(value: Any) -> tuple[tuple[str, float, float], ...]:
+    items = value.items() if hasattr(value, "items") else [(t[0], t[1:]) for t in value]
+    out = []
+    for dtype, tol in items:
+        name = _dtype_name(dtype)
+        ok = (name in _DTYPES and isinstance(tol, (tuple, list)) and len(tol) == 2
+              and all(isinstance(t, (int, float)) and t >= 0 for t in tol))
+        if not ok:
+            raise InvalidArgument(
+                f"settings(tolerances={value!r}): give {{dtype: (rtol, atol)}} with known dtype "
+                f"names and numbers >= 0, e.g. {{'float16': (1e-3, 1e-5)}}; bad entry "
+                f"{dtype!r}: {tol!r}."
+            )
+        out.append((name, float(tol[0]), float(tol[1])))
+    return tuple(sorted(out))
+
+
+def _memory_pairs(value: Any) -> tuple[tuple[str, Any], ...]:
+    if value is None:
+        return ()
+    items = list(value.items()) if hasattr(value, "items") else list(value)
+    if not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in items):
+        raise InvalidArgument(
+            f"settings(memory={value!r}): give a mapping such as {{'max_peak_ratio': 1.0}}."
+        )
+    return tuple(sorted(items))
+
+
+#: profiles. ``default`` is quick; ``ci`` is derandomized with more examples and loads itself
+#: when the CI environment variable is set; ``thorough`` explores more. The compile/functionalize/
+#: vmap modes join ``default``/``thorough`` when equiv.modes provides them.
 settings._profiles["default"] = settings()
-settings.register_profile("ci", derandomize=True)
-settings.register_profile("thorough", max_examples=200)
+settings.register_profile("ci", derandomize=True, max_examples=100)
+settings.register_profile("thorough", max_examples=200, dtypes=("float32", "float64"))
 
 
 def _load_environment_profile() -> None:
