@@ -88,7 +88,11 @@ class EquivItem(pytest.Item):
         if result.verdict == "skipped":  # reported at the item, not inside pytest
             raise pytest.skip.Exception(result.reason, _use_item_location=True)
         if result.verdict == "error":
-            raise _EquivUsageError(result.reason)
+            raise _EquivUsageError(
+                f"{result.reason}\nThis item's mode and device come from --equiv-modes/"
+                "--equiv-devices, else from the spec's settings, else from the settings profile "
+                f"({self._state.effective().profile!r}): fix the one that names "
+                f"{self.mode!r}/{self.device!r}.")
         if result.verdict == "not-compiled":
             raise _NotCompiled(result.reason)
         if result.report is not None:
