@@ -179,7 +179,8 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
     print(file=out)
     print(", ".join(f"{n} {LABELS[v]}" for v, n in counts.items() if n), file=out)
     reproduce = _reproduce(args, cfg)
-    if any(r.verdict != "pass" for r in results) and not cfg.derandomize:
+    if any(r.verdict in ("fail", "not-compiled", "error") for r in results) \
+            and not cfg.derandomize:
         print(f"Reproduce: {reproduce}", file=out)
     if args.json or args.html:
         doc = document(results, tool="equiv check", profile=cfg.profile,
