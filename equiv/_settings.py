@@ -194,7 +194,13 @@ def _dtype_names(value: Any) -> tuple[str, ...]:
 
 
 def _tolerance_triples(value: Any) -> tuple[tuple[str, float, float], ...]:
-    items = value.items() if hasattr(value, "items") else [(t[0], t[1:]) for t in value]
+    if hasattr(value, "items"):
+        items = list(value.items())
+    elif isinstance(value, (tuple, list)) and all(
+            isinstance(t, (tuple, list)) and len(t) == 3 for t in value):
+        items = [(t[0], tuple(t[1:])) for t in value]
+    else:
+        items = [(value, None)]
     out = []
     for dtype, tol in items:
         name = _dtype_name(dtype)
@@ -213,7 +219,8 @@ def _tolerance_triples(value: Any) -> tuple[tuple[str, float, float], ...]:
 def _memory_pairs(value: Any) -> tuple[tuple[str, Any], ...]:
     if value is None:
         return ()
-    items = list(value.items()) if hasattr(value, "items") else list(value)
+    items = list(value.items()) if hasattr(value, "items") else (
+        list(value) if isinstance(value, (tuple, list)) else [value])
     if not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in items):
         raise InvalidArgument(
             f"settings(memory={value!r}): give a mapping such as {{'max_peak_ratio': 1.0}}."
