@@ -35,7 +35,7 @@ figure.timeline{margin:10px 0;border:1px solid #d1d9e0;padding:8px;overflow-x:au
 figcaption{color:#59636e;font-size:12.5px;margin-top:4px}
 .legend span{margin-right:14px;white-space:nowrap} .legend i{display:inline-block;width:10px;
 height:10px;margin-right:4px;vertical-align:-1px}
-.bar{height:12px;background:#1f6feb;display:inline-block;vertical-align:-2px;margin-right:6px}
+.bar{height:12px;background:#54aeff;display:inline-block;vertical-align:-2px;margin-right:6px}
 .empty{color:#59636e;font-style:italic}
 """
 
@@ -172,9 +172,15 @@ def timeline_svg(events: list[dict[str, Any]]) -> str:
     def x_of(step: Any) -> float:
         return left + col_w * col[int(step)] + col_w / 2
 
+    out.append(f'<text x="8" y="14" fill="#59636e">storage \\ step</text>')
     for st in steps:  # step numbers along the top
         out.append(f'<text x="{x_of(st):.0f}" y="14" text-anchor="middle" fill="#59636e">'
                    f"{st}</text>")
+    lanes_y = {s: top + lane_h * i + lane_h / 2 for i, s in enumerate(storages)}
+    for i, s in enumerate(storages):  # lane backgrounds first, everything else on top
+        y = lanes_y[s]
+        out.append(f'<rect class="lane-bg" x="0" y="{y - lane_h / 2 + 2:.0f}" width="{width}" '
+                   f'height="{lane_h - 4}" fill="{"#f6f8fa" if i % 2 == 0 else "#ffffff"}"/>')
     for e in events:
         if e.get("kind") == "step":
             x = x_of(e.get("step", 0))
@@ -182,16 +188,14 @@ def timeline_svg(events: list[dict[str, Any]]) -> str:
                 f'<g class="event step" data-kind="step" data-step="{e.get("step")}">'
                 f"<title>{escape(_describe(e))}</title>"
                 f'<line x1="{x:.0f}" y1="20" x2="{x:.0f}" y2="{height - 6}" stroke="#8c959f" '
-                f'stroke-dasharray="4 3"/><text x="{x + 3:.0f}" y="28" fill="#59636e" '
-                f'font-size="10">{escape(str(e.get("op") or "step"))}</text></g>')
-    for i, s in enumerate(storages):
-        y = top + lane_h * i + lane_h / 2
+                f'stroke-width="1.5" stroke-dasharray="5 3"/><text x="{x + 4:.0f}" y="30" '
+                f'fill="#424a53" font-size="10">{escape(str(e.get("op") or "step"))}</text></g>')
+    for s in storages:
+        y = lanes_y[s]
         label = s + (f" ({', '.join(names[s])})" if names[s] else "")
         lane_events = [e for e in events if e.get("storage") == s and e.get("kind") != "step"]
         xs = [x_of(e.get("step", 0)) for e in lane_events]
         out.append(f'<g class="lane" data-storage="{escape(s)}">'
-                   f'<rect x="0" y="{y - lane_h / 2 + 2:.0f}" width="{width}" '
-                   f'height="{lane_h - 4}" fill="{"#f6f8fa" if i % 2 == 0 else "#ffffff"}"/>'
                    f'<text class="lane-label" x="8" y="{y + 4:.0f}" font-weight="600">'
                    f"{escape(label)}</text>")
         if xs:
