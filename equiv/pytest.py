@@ -31,10 +31,17 @@ class EquivTests:
     """What :func:`tests_for` returns: a marker object the plugin expands into items."""
 
     __equiv_tests__ = True
-    __test__ = False  # pytest's default collector must not treat it as a test itself
 
     def __init__(self, specs: tuple[Spec, ...]) -> None:
         self.specs = specs
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        # Callable so that, with the plugin disabled (-p no:equiv), pytest warns "cannot collect
+        # 'test_x' because it is not a function" instead of silently running nothing.
+        raise InvalidArgument(
+            "tests_for(...) makes test items through equiv's pytest plugin, which is not "
+            "active in this run (was it disabled with -p no:equiv?); call equiv.check(impl) "
+            "in a test function instead.")
 
     def __repr__(self) -> str:
         return f"tests_for({', '.join(s.name for s in self.specs)})"

@@ -197,3 +197,51 @@ def test_python_dash_m_equiv_runs_the_command():
                           capture_output=True, text=True, cwd=ROOT, env=env)
     assert proc.returncode == 1, proc.stderr
     assert "MutationMismatch" in proc.stdout
+
+
+def test_a_compile_mode_that_compiled_nothing_is_not_a_pass(monkeypatch):
+    """A compile mode whose report counts zero graphs shows 'not compiled' and exits 1."""
+    import dataclasses
+
+    import equiv.run
+    from equiv.report import Report
+
+    @dataclasses.dataclass(frozen=True)
+    class CountedReport(Report):
+        compile_counts: dict | None = None
+
+    def fake_check(spec, *, modes, devices, **kw):
+        graphs = 0 if spec.name.endswith("leaky_relu_") else 2
+        return CountedReport(spec=spec.name, implementation=spec.implementation,
+                             reference=spec.reference, modes=modes, devices=devices,
+                             examples_run=4, compile_counts={"graphs": graphs})
+
+    monkeypatch.setattr(equiv.run, "check", fake_check)
+    code, out, _ = run("check", EXAMPLES, "--modes", "compile[aot_eager]", *QUICK)
+    assert code == 1
+    assert "activations.relu_        compile[aot_eager]  cpu     pass" in out
+    assert "activations.leaky_relu_  compile[aot_eager]  cpu     not compiled" in out
+    assert "torch.compile produced no graph (everything ran eagerly)" in out
+
+
+def test_devices_named_by_the_decorator_are_used(tmp_path):
+    """A spec's decorator settings choose its devices over the command line's."""
+    f = tmp_path / "everywhere.py"
+    f.write_text(textwrap.dedent('''
+        import torch
+        import equiv
+        from equiv import equivalent_to
+
+        def neg_ref(x):
+            return -x
+
+        @equivalent_to(neg_ref, settings=equiv.settings(devices=("cpu", "cuda")))
+        def neg(x):
+            return torch.neg(x)
+    '''))
+    code, out, _ = run("check", str(f), "--devices", "cpu", *QUICK)
+    assert code == 0
+    rows = [ln.split()[:4] for ln in out.splitlines() if ln.startswith("everywhere.neg")]
+    cuda = "pass" if torch.cuda.is_available() else "skipped"
+    assert rows == [["everywhere.neg", "eager", "cpu", "pass"],
+                    ["everywhere.neg", "eager", "cuda", cuda]]

@@ -222,10 +222,14 @@ def test_unknown_mode_fails_the_item_naming_the_option(project):
     ])
 
 
-def test_json_report_has_one_result_per_item(project, tmp_path):
-    """--equiv-report writes the versioned JSON document with each item's verdict."""
-    path = tmp_path / "r.json"
-    project.runpytest_inprocess(f"--equiv-report={path}", "--equiv-devices=cpu,cuda", *FAST)
+def test_json_and_html_reports_have_one_result_per_item(project, tmp_path):
+    """--equiv-report writes the versioned JSON document with each item's verdict;
+    --equiv-html the page with the same rows."""
+    path, page = tmp_path / "r.json", tmp_path / "r.html"
+    project.runpytest_inprocess(f"--equiv-report={path}", f"--equiv-html={page}",
+                                "--equiv-devices=cpu,cuda", *FAST)
+    html = page.read_text()
+    assert html.count("<tr><td><code>kernels.") == 4 and 'class="verdict fail"' in html
     doc = json.loads(path.read_text())
     assert doc["schema"] == "equiv.results/1"
     assert doc["tool"] == "pytest" and doc["seed"] == 123 and doc["max_examples"] == 3
@@ -311,6 +315,41 @@ def test_options_reach_check_calls_in_user_tests_and_are_undone_afterwards(pytes
     assert equiv.settings.default() == before
 
 
+def test_decorator_devices_win_over_the_option(pytester):
+    """A spec whose decorator names devices gets items for those, whatever --equiv-devices says."""
+    pytester.makepyfile(kernels=KERNELS + textwrap.dedent('''
+        import equiv
+
+        @equivalent_to(relu_ref, mutates={"x": "out"},
+                       settings=equiv.settings(devices=("cpu", "cuda")))
+        def relu_everywhere_(x):
+            return x.clamp_(min=0)
+    '''), test_kernels="from equiv.pytest import tests_for\n"
+                       "from kernels import relu_everywhere_\n"
+                       "test_it = tests_for(relu_everywhere_)\n")
+    pytester.syspathinsert()
+    result = pytester.runpytest_inprocess("--co", "-q", "--equiv-devices=cpu", *FAST)
+    result.stdout.fnmatch_lines(["test_kernels.py::relu_everywhere_[[]eager-cpu[]]",
+                                 "test_kernels.py::relu_everywhere_[[]eager-cuda[]]",
+                                 "2 tests collected*"])
+
+
+def test_tests_for_misuse_and_disabled_plugin(pytester):
+    """tests_for() needs specs; with the plugin disabled pytest warns instead of passing."""
+    import equiv
+    from equiv.pytest import tests_for
+
+    with pytest.raises(equiv.InvalidArgument, match=r"tests_for\(\) needs at least one"):
+        tests_for()
+    with pytest.raises(equiv.InvalidArgument, match="has no equiv spec"):
+        tests_for(len)
+    pytester.makepyfile(kernels=KERNELS, test_kernels=TEST_MODULE)
+    pytester.syspathinsert()
+    result = pytester.runpytest_inprocess("-p", "no:equiv", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines(["*cannot collect 'test_kernels' because it is not a function*"])
+
+
 # -- the plugin module imports nothing heavy --------------------------------------------------
 
 def _heavy_modules_after_import(module: str) -> list[str]:
@@ -338,11 +377,13 @@ UNRELATED = "import sys\n\ndef test_torch_not_loaded():\n    assert 'torch' not 
 
 
 def test_an_unrelated_pytest_run_does_not_import_torch(pytester):
-    """With equiv installed, a test run that does not use equiv never imports torch; forcing
-    equiv in (-p equiv.pytest) makes the same test fail, so the check can fail."""
+    """With equiv installed, a test run that does not use equiv never imports torch; a plugin
+    that loads (a stand-in for) torch makes the same test fail, so the check can fail."""
     pytester.makepyfile(test_unrelated=UNRELATED)
     clean = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     clean.assert_outcomes(passed=1)
     assert "equiv-" in clean.stdout.str()  # the plugin was loaded (listed under plugins:)
-    forced = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "equiv.pytest")
+    pytester.makepyfile(loads_torch_stub="import sys, types\n"
+                                         "sys.modules['torch'] = types.ModuleType('torch')\n")
+    forced = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "loads_torch_stub")
     forced.assert_outcomes(failed=1)
