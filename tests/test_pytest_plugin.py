@@ -132,6 +132,22 @@ def test_header_states_profile_modes_devices_and_seed(project):
         "equiv: profile=default modes=eager devices=cpu max_examples=3 --equiv-seed=123"])
 
 
+def test_plain_pytest_in_a_fresh_process_prints_the_header_after_collection(pytester):
+    """No option, no conftest: the header comes once equiv items are collected."""
+    few = 'settings=__import__("equiv").settings(max_examples=3))'  # keep it quick
+    pytester.makepyfile(kernels=KERNELS.replace('mutates={"x": "out"})',
+                                                'mutates={"x": "out"}, ' + few)
+                        .replace("@equivalent_to(scale_ref)", "@equivalent_to(scale_ref, " + few),
+                        test_kernels=TEST_MODULE)
+    pytester.syspathinsert()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "collected 2 items",
+        "equiv: profile=default modes=eager devices=cpu max_examples=30 --equiv-seed=*",
+    ])
+
+
 def test_random_seed_is_printed_and_used_in_the_reproduce_line(project):
     """Without --equiv-seed a seed is drawn once, printed, and reused by every item."""
     result = project.runpytest_inprocess("--equiv-max-examples=3", "-p", "no:cacheprovider")
@@ -383,6 +399,7 @@ def test_an_unrelated_pytest_run_does_not_import_torch(pytester):
     clean = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     clean.assert_outcomes(passed=1)
     assert "equiv-" in clean.stdout.str()  # the plugin was loaded (listed under plugins:)
+    assert "equiv: profile=" not in clean.stdout.str()  # and stayed out of the way
     pytester.makepyfile(loads_torch_stub="import sys, types\n"
                                          "sys.modules['torch'] = types.ModuleType('torch')\n")
     forced = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "loads_torch_stub")
