@@ -21,6 +21,19 @@ FAILING = str(ROOT / "examples" / "failing")
 QUICK = ["--max-examples", "4", "--seed", "7"]
 
 
+@pytest.fixture(autouse=True)
+def _default_profile(monkeypatch):
+    """These tests state the default profile's output: CI=1 or EQUIV_PROFILE in the
+    environment (which select other profiles) must not leak in, here or in subprocesses."""
+    import equiv
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("EQUIV_PROFILE", raising=False)
+    previous = equiv.settings._push_session("default")
+    yield
+    equiv.settings._pop_session(previous)
+
+
 def run(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = main(list(argv), out=out, err=err)

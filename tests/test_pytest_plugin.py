@@ -46,6 +46,19 @@ FAST = ("--equiv-max-examples=3", "--equiv-seed=123", "-p", "no:cacheprovider")
 CUDA = torch.cuda.is_available()
 
 
+@pytest.fixture(autouse=True)
+def _default_profile(monkeypatch):
+    """These tests state the default profile's output: CI=1 or EQUIV_PROFILE in the
+    environment (which select other profiles) must not leak in, here or in subprocesses."""
+    import equiv
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("EQUIV_PROFILE", raising=False)
+    previous = equiv.settings._push_session("default")
+    yield
+    equiv.settings._pop_session(previous)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _torch_fully_imported():
     """In-process pytester runs restore sys.modules afterwards; torch registers operator
