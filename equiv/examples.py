@@ -61,6 +61,7 @@ class Slot:
     dtype: torch.dtype
     device: torch.device
     requires_grad: bool
+    same_as: int | None = None  # an earlier slot holding the very same tensor object
 
 
 @dataclasses.dataclass
@@ -124,6 +125,7 @@ class Template:
         self.groups: list[Group] = []
         self._slot_of_leaf: dict[int, int] = {}
         keys: dict[Any, int] = {}
+        objects: dict[int, int] = {}
         mutated = set(mutated)
         with torch.no_grad():
             for i, (path, leaf) in enumerate(flat):
@@ -144,6 +146,9 @@ class Template:
                     slot = Slot(name, g.index, tuple(leaf.shape), tuple(leaf.stride()),
                                 leaf.storage_offset(), leaf.dtype, leaf.device,
                                 bool(leaf.requires_grad))
+                    slot.same_as = objects.setdefault(id(leaf), len(self.slots))
+                    if slot.same_as == len(self.slots):
+                        slot.same_as = None
                     self._slot_of_leaf[i] = len(self.slots)
                     g.slots.append(len(self.slots))
                     g.requires_grad |= slot.requires_grad
@@ -154,43 +159,48 @@ class Template:
                     self._leaves.append(leaf)
         for g in self.groups:
             first = flat_leaf(flat, self, g.slots[0])
-            g.simple = len(g.slots) == 1 and _is_simple(first)
+            one_object = all(self.slots[j].same_as == g.slots[0] for j in g.slots[1:])
+            g.simple = one_object and _is_simple(first)
             if not (g.dtype.is_floating_point or g.dtype.is_complex):
                 g.requires_grad = False
 
     # -- building sides -------------------------------------------------------------------
-    def instantiate(self, *, grad: bool = True, device: torch.device | str | None = None) -> "Side":
-        """Fresh tensors with this example's structure (leaves for gradients when ``grad``)."""
+    def instantiate(self, *, grad: bool = True, device: torch.device | str | None = None,
+                    shuffled: bool = False) -> "Side":
+        """Fresh tensors with this example's structure (leaves for gradients when ``grad``).
+
+        ``shuffled`` reverses each storage's values: same structure and value set, other values.
+        """
         leaves: list[torch.Tensor | None] = []
         group_args: list[torch.Tensor] = []
         for g in self.groups:
             values = g.values if device is None else g.values.to(device)
+            if shuffled:
+                values = values.flip(0)
             rg = grad and g.requires_grad
             if g.simple:
                 s = self.slots[g.slots[0]]
-                with torch.no_grad():
-                    leaf = torch.empty_strided(s.size, s.stride, dtype=g.dtype,
-                                               device=values.device)
-                    leaf.copy_(values.as_strided(s.size, s.stride, 0))
-                leaf.requires_grad_(rg)
-                if rg and g.mutated:
-                    work = torch.empty_strided(s.size, s.stride, dtype=g.dtype,
-                                               device=values.device)
-                    work = work.copy_(leaf)
-                else:
-                    work = leaf
+                # clone() keeps the strides of a non-overlapping dense tensor; version starts at 0
+                leaf = values.as_strided(s.size, s.stride, 0).clone().requires_grad_(rg)
+                work = leaf.clone() if (rg and g.mutated) else leaf
             else:
                 leaf = values.clone().requires_grad_(rg)
                 work = leaf.clone() if (rg and g.mutated) else leaf
             leaves.append(leaf if rg else None)
             group_args.append(work)
         out: list[Any] = []
+        made: dict[int, torch.Tensor] = {}
         for i, leaf in enumerate(self._leaves):
             if i in self._slot_of_leaf:
-                s = self.slots[self._slot_of_leaf[i]]
+                j = self._slot_of_leaf[i]
+                s = self.slots[j]
                 g = self.groups[s.group]
                 work = group_args[s.group]
-                out.append(work if g.simple else work.as_strided(s.size, s.stride, s.offset))
+                if s.same_as is not None:
+                    made[j] = made[s.same_as]
+                else:
+                    made[j] = work if g.simple else work.as_strided(s.size, s.stride, s.offset)
+                out.append(made[j])
             elif isinstance(leaf, _IMMUTABLE):
                 out.append(leaf)
             else:
@@ -266,14 +276,14 @@ class Template:
         for i, leaf in enumerate(self._leaves):
             if i in self._slot_of_leaf:
                 s = self.slots[self._slot_of_leaf[i]]
-                if s.group in direct:
+                if s.group in direct or s.same_as is not None:
                     continue
                 var = _identifier(s.path)
                 lines.append(
                     f"{var} = storage{s.group}.as_strided({s.size}, {s.stride}, {s.offset})"
                 )
         values = tree_unflatten(
-            [(_Raw(_identifier(self.slots[self._slot_of_leaf[i]].path))
+            [(_Raw(self._variable(self._slot_of_leaf[i]))
               if i in self._slot_of_leaf else leaf) for i, leaf in enumerate(self._leaves)],
             self._spec,
         )
@@ -290,6 +300,10 @@ class Template:
                 call_args.append(repr(v))
         lines.append(f"{call}({', '.join(call_args)})")
         return "\n".join(lines)
+
+    def _variable(self, j: int) -> str:
+        s = self.slots[j]
+        return _identifier(self.slots[s.same_as].path if s.same_as is not None else s.path)
 
     def group_name(self, g: Group) -> str:
         paths = [self.slots[j].path for j in g.slots]

@@ -101,6 +101,7 @@ class Report:
     seed: int | None = None
     examples_run: int = 0
     invalid_examples: int = 0
+    first_failure_at: int | None = None  # examples run up to and including the first failure
     modes: tuple[str, ...] = ("eager",)
     devices: tuple[str, ...] = ("cpu",)
     checks: tuple[str, ...] = ()
@@ -118,7 +119,7 @@ class Report:
             f"equiv: {self.implementation} vs {self.reference}: {verdict} "
             f"({self.examples_run} examples, {self.invalid_examples} rejected as invalid; "
             f"modes {', '.join(self.modes)}; devices {', '.join(self.devices)}; "
-            f"seed {self.seed})"
+            f"{'derandomized' if self.seed is None else f'seed {self.seed}'})"
         )
 
     def render(self) -> str:

@@ -81,8 +81,8 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
                 f"unknown mode {mode!r}; available modes: {list(KNOWN_MODES)}."
             )
     run_seed = cfg.seed if cfg.seed is not None else (
-        0 if cfg.derandomize else random.SystemRandom().randrange(2**32))
-    stats = {"runs": 0, "invalid": 0}
+        None if cfg.derandomize else random.SystemRandom().randrange(2**32))
+    stats = {"runs": 0, "invalid": 0, "first_failure": 0}
     notes: list[str] = []
     last_invalid: list[str] = []
     mode, device = "eager", "cpu"
@@ -105,11 +105,14 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
             last_invalid[:] = [outcome.invalid]
             hypothesis.reject()
         if outcome.findings:
+            stats["first_failure"] = stats["first_failure"] or stats["runs"]
             template = outcome.template
             name = spec.impl.__name__ if hasattr(spec.impl, "__name__") else spec.name
             example_text = template.describe(name) if template else ""
             code = template.code(name) if template else ""
-            reproduce = f"equiv.check({name}, seed={run_seed})"
+            reproduce = (f"equiv.check({name}, seed={run_seed})" if run_seed is not None else
+                         f"equiv.check({name}) with the same profile ({cfg.profile}: "
+                         "derandomized)")
             findings = [
                 _with(f, example=example_text, example_code=code, reproduce=reproduce)
                 for f in outcome.findings
@@ -136,7 +139,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     wrapped = hypothesis.given(strategy)(test)
     for ex in spec.examples:
         wrapped = hypothesis.example((ex, 0))(wrapped)
-    if not cfg.derandomize:
+    if run_seed is not None:
         wrapped = hypothesis.seed(run_seed)(wrapped)
     wrapped = hyp(wrapped)
     wrapped.hypothesis.inner_test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
@@ -150,6 +153,17 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
         findings.extend(e.findings)
     except _Abort as e:
         raise e.error from None
+    except FlakyFailure as e:
+        first = [f for x in e.exceptions if isinstance(x, _Found) for f in x.findings]
+        findings.append(Finding(
+            check="flaky", headline="the result is flaky: an example failed once and "
+            "passed when replayed (nondeterminism in the implementation or reference).",
+            spec=spec.name, implementation=spec.implementation, reference=spec.reference,
+            details="\n".join(["on its first run the example gave:"]
+                               + [f"  {f.kind}: {f.headline}" for f in first]) if first
+            else str(e)[:500],
+            example=first[0].example if first else "",
+            reproduce=first[0].reproduce if first else ""))
     except BaseExceptionGroup as group:  # several distinct bugs
         for exc in group.exceptions:
             if isinstance(exc, _Found):
@@ -164,17 +178,11 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
             f"example (last: {last_invalid[0] if last_invalid else '?'}). Make inputs= draw "
             "inputs the reference accepts."
         ) from None
-    except FlakyFailure as e:
-        findings.append(Finding(
-            check="error-parity", headline="the result is flaky: an example failed once and "
-            "passed when replayed (nondeterminism in the implementation or reference).",
-            spec=spec.name, implementation=spec.implementation, reference=spec.reference,
-            details=str(e)[:500], reproduce=f"equiv.check(..., seed={run_seed})"))
-
     report = Report(
         spec=spec.name, implementation=spec.implementation, reference=spec.reference,
         findings=tuple(_dedupe(findings)), seed=run_seed, examples_run=stats["runs"],
-        invalid_examples=stats["invalid"], modes=cfg.modes, devices=cfg.devices,
+        invalid_examples=stats["invalid"], first_failure_at=stats["first_failure"] or None,
+        modes=cfg.modes, devices=cfg.devices,
         checks=cfg.checks, notes=tuple(notes), settings=cfg.summary(),
     )
     if raise_on_failure:

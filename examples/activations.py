@@ -1,8 +1,8 @@
 """In-place activations checked against their pure references.
 
-``relu_`` writes its result into ``x`` and returns ``x``: the contract declares it with
-``mutates={"x": "out"}`` (the reference's whole result is x's final value), which also allows the
-returned tensor to alias ``x``.
+Teaches: declaring an in-place kernel with ``mutates={"x": "out"}`` (the reference's whole result
+is x's final value, and the returned tensor may alias ``x``), and a custom Function that writes
+its input in place, marks it dirty and saves its *output* for backward.
 """
 
 import torch
@@ -26,3 +26,30 @@ def leaky_relu_ref(x, negative_slope: float = 0.01):
 @equivalent_to(leaky_relu_ref, mutates={"x": "out"})
 def leaky_relu_(x, negative_slope: float = 0.01):
     return torch.nn.functional.leaky_relu_(x, negative_slope)
+
+
+class SiLUInPlace(torch.autograd.Function):
+    """y = x * sigmoid(x) written into x. Backward needs only s = sigmoid(x) and y:
+    dy/dx = s * (1 + x * (1 - s)) = s + y * (1 - s)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        s = torch.sigmoid(x)
+        x.mul_(s)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(s, x)  # x now holds the output y
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        s, y = ctx.saved_tensors
+        return grad * (s + y * (1 - s))
+
+
+def silu_ref(x):
+    return x * torch.sigmoid(x)
+
+
+@equivalent_to(silu_ref, mutates={"x": "out"})
+def silu_(x):
+    return SiLUInPlace.apply(x)

@@ -45,9 +45,10 @@ def _values(seed: int, shape: tuple[int, ...], dtype: torch.dtype, scale: float)
         return torch.randint(0, 2, shape, generator=g).bool()
     if not (dtype.is_floating_point or dtype.is_complex):
         return torch.randint(-8, 9, shape, generator=g).to(dtype)
-    base = torch.randn(shape, generator=g, dtype=torch.float64) * scale
+    real = torch.float64 if dtype in (torch.float64, torch.complex128) else torch.float32
+    base = torch.randn(shape, generator=g, dtype=real) * scale
     if dtype.is_complex:
-        imag = torch.randn(shape, generator=g, dtype=torch.float64) * scale
+        imag = torch.randn(shape, generator=g, dtype=real) * scale
         return torch.complex(base, imag).to(dtype)
     return base.to(dtype)
 

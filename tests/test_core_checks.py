@@ -1,0 +1,542 @@
+"""Each core check catches a deliberately buggy implementation (asserting the finding's content)
+and passes a correct, tricky twin."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+import torch
+
+import equiv
+from equiv import equivalent_to
+from equiv.strategies import tensors
+from tests.conftest import FAST
+
+
+def one(shape=(3, 4), dtype=torch.float64, requires_grad=True):
+    return st.tuples(tensors(shape=shape, dtype=dtype, requires_grad=requires_grad))
+
+
+def two(shape=(3, 4), dtype=torch.float64):
+    return st.tuples(tensors(shape=shape, dtype=dtype, requires_grad=True),
+                     tensors(shape=shape, dtype=dtype, requires_grad=True, salt=1))
+
+
+def failure(impl, expected=equiv.EquivalenceFailure, **kw):
+    with pytest.raises(expected) as info:
+        equiv.check(impl, settings=FAST, **kw)
+    return info.value.report
+
+
+def checks_of(report):
+    return {f.check for f in report.findings}
+
+
+# --------------------------------------------------------------------------- forward
+def softmax_ref(x):
+    return torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)
+
+
+def test_forward_catches_a_wrong_output_with_numbers():
+    """A kernel off by a little where x > 1 is a forward finding with the numbers and index."""
+
+    @equivalent_to(softmax_ref, inputs=one())
+    def softmax_bad(x):
+        y = torch.softmax(x, -1)
+        return y + 1e-3 * (x > 1)
+
+    report = failure(softmax_bad, equiv.OutputMismatch)
+    f = next(f for f in report.findings if f.check == "forward")
+    assert f.argument == "output"
+    assert "Greatest absolute difference" in f.message and "at index" in f.message
+    assert f.max_abs == pytest.approx(1e-3, rel=1e-3)
+    assert "check: forward" in f.message and "dtype: torch.float64" in f.message
+    assert "softmax_bad(x=f64[3,4] cpu grad)" in f.message
+
+
+def test_forward_passes_an_op_correct_only_within_float32_tolerance():
+    """A numerically different but stable softmax passes within float32's default tolerance."""
+
+    @equivalent_to(softmax_ref, inputs=one(dtype=torch.float32))
+    def softmax_stable(x):
+        z = x - x.amax(-1, keepdim=True)
+        return torch.exp(z - torch.logsumexp(z, -1, keepdim=True))
+
+    assert equiv.check(softmax_stable, settings=FAST).ok
+
+
+def pair_ref(x):
+    return {"y": x * 2, "n": 3, "none": None, "parts": (x.sum(), x.mean())}
+
+
+def test_forward_compares_pytrees_and_names_the_leaf():
+    """Outputs may be dicts/tuples with None and Python numbers; the differing leaf is named."""
+
+    @equivalent_to(pair_ref, inputs=one())
+    def pair_good(x):
+        return {"y": x + x, "n": 3, "none": None, "parts": (x.sum(), x.sum() / x.numel())}
+
+    @equivalent_to(pair_ref, inputs=one())
+    def pair_bad(x):
+        return {"y": x + x, "n": 4, "none": None, "parts": (x.sum(), x.mean())}
+
+    assert equiv.check(pair_good, settings=FAST).ok
+    report = failure(pair_bad, equiv.OutputMismatch)
+    assert any("output['n']" in f.headline for f in report.findings)
+
+
+def test_forward_reports_a_structure_difference():
+    @equivalent_to(lambda x: (x, x * 2), inputs=one())
+    def tuple_short(x):
+        return (x.clone(),)
+
+    report = failure(tuple_short)
+    assert "structure differs" in report.findings[0].details
+
+
+# --------------------------------------------------------------------------- mutation
+def relu_ref(x):
+    return torch.relu(x)
+
+
+def test_mutation_passes_a_declared_in_place_kernel():
+    @equivalent_to(relu_ref, mutates={"x": "out"}, inputs=one())
+    def relu_(x):
+        return x.clamp_(min=0)
+
+    assert equiv.check(relu_, settings=FAST).ok
+
+
+def test_mutation_catches_an_undeclared_write_that_keeps_values():
+    """`relu_` on positive inputs leaves values equal but moves the version counter."""
+
+    def pos_ref(x):
+        return x * 1.0
+
+    @equivalent_to(pos_ref, inputs=st.tuples(tensors(shape=(4,), dtype=torch.float64)
+                                            .map(lambda t: t.abs() + 0.1)))
+    def pos_sneaky(x):
+        x.relu_()  # a no-op on positive values, still a write
+        return x * 1.0
+
+    report = failure(pos_sneaky, equiv.MutationMismatch)
+    f = report.findings[0]
+    assert f.check == "mutation" and f.argument == "x"
+    assert "version counter 0 -> 1" in f.headline
+    assert "mutates={'x': ...}" in f.message
+
+
+def test_mutation_catches_an_undeclared_write_on_a_leaf_as_an_error_with_a_hint():
+    def add_ref(x, y):
+        return x + y
+
+    @equivalent_to(add_ref, inputs=two())
+    def add_into_x(x, y):
+        return x.add_(y)
+
+    report = failure(add_into_x)
+    f = report.findings[0]
+    assert f.check == "error-parity"
+    assert "leaf Variable that requires grad" in f.details
+    assert "declare it with mutates=" in f.message
+    assert "x.add_(y)" in f.traceback
+
+
+def test_mutation_catches_a_wrong_final_value_of_a_declared_argument():
+    def ema_ref(avg, x):
+        return avg * 0.9 + x * 0.1
+
+    @equivalent_to(ema_ref, mutates={"avg": "out"}, inputs=two())
+    def ema_bad(avg, x):
+        return avg.mul_(0.9).add_(x, alpha=0.01)
+
+    report = failure(ema_bad)
+    assert "mutation" in checks_of(report)
+    f = next(f for f in report.findings if f.check == "mutation")
+    assert f.headline.startswith("the final value of mutated argument 'avg'")
+
+
+def adam_ref(p, g, m, v):
+    m2 = 0.9 * m + 0.1 * g
+    v2 = 0.999 * v + 0.001 * g * g
+    return p - 0.01 * m2 / (v2.sqrt() + 1e-8), m2, v2
+
+
+def adam_inputs():
+    t = lambda salt, f=lambda t: t: tensors(shape=(5,), dtype=torch.float64, salt=salt).map(f)
+    return st.tuples(t(0), t(1), t(2), t(3, lambda t: t.abs()))
+
+
+def test_mutation_passes_an_in_place_update_returning_nothing():
+    """Adam-style: all of the reference's result is consumed by mutates, impl returns None."""
+
+    @equivalent_to(adam_ref, mutates={"p": 0, "m": 1, "v": 2}, inputs=adam_inputs())
+    def adam_(p, g, m, v):
+        m.mul_(0.9).add_(g, alpha=0.1)
+        v.mul_(0.999).addcmul_(g, g, value=0.001)
+        p.addcdiv_(m, v.sqrt().add_(1e-8), value=-0.01)
+
+    assert equiv.check(adam_, settings=FAST).ok
+
+
+def test_mutation_catches_an_update_that_forgets_one_argument():
+    @equivalent_to(adam_ref, mutates={"p": 0, "m": 1, "v": 2}, inputs=adam_inputs())
+    def adam_forgets_v(p, g, m, v):
+        m.mul_(0.9).add_(g, alpha=0.1)
+        v2 = v * 0.999 + 0.001 * g * g
+        p.addcdiv_(m, v2.sqrt() + 1e-8, value=-0.01)
+
+    report = failure(adam_forgets_v, equiv.MutationMismatch)
+    assert any(f.argument == "v" for f in report.findings)
+
+
+# --------------------------------------------------------------------------- aliasing
+def test_aliasing_catches_a_fast_path_returning_the_input():
+    @equivalent_to(relu_ref, inputs=one())
+    def relu_fast_path(x):
+        if bool((x >= 0).all()):
+            return x
+        return x.clamp(min=0)
+
+    positive = torch.rand(3, 4, dtype=torch.float64) + 0.1
+    relu_fast_path.__equiv_spec__ = relu_fast_path.__equiv_spec__.__class__(
+        **{**relu_fast_path.__equiv_spec__.__dict__, "examples": (equiv.Args(positive),)})
+    report = failure(relu_fast_path, equiv.AliasingMismatch)
+    f = report.findings[0]
+    assert f.check == "aliasing"
+    assert "output shares storage with input x" in f.headline
+    assert "mutates={'x': 'out'}" in f.message
+
+
+def test_aliasing_passes_a_view_when_the_reference_returns_a_view_too():
+    @equivalent_to(lambda x: x.t(), inputs=one())
+    def transpose(x):
+        return x.transpose(0, 1)
+
+    assert equiv.check(transpose, settings=FAST).ok
+
+
+def test_aliasing_catches_two_outputs_sharing_a_buffer():
+    @equivalent_to(lambda x: (x * 2, x * 3), inputs=one())
+    def shared_out(x):
+        buf = torch.empty(2, *x.shape, dtype=x.dtype)
+        y = torch.stack([x * 2, x * 3])
+        return y[0], y[1]
+
+    report = failure(shared_out, equiv.AliasingMismatch)
+    assert "share storage, but the reference's do not" in report.findings[0].headline
+
+
+# --------------------------------------------------------------------------- gradients
+class SinWrongBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x.sin()  # should be cos
+
+
+class ExpSavingOutput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * y
+
+
+def test_gradients_catch_a_wrong_backward_formula():
+    @equivalent_to(torch.sin, inputs=one())
+    def sin_(x):
+        return SinWrongBackward.apply(x)
+
+    report = failure(sin_, equiv.GradientMismatch)
+    f = report.findings[0]
+    assert f.check == "gradients" and f.argument == "x"
+    assert "gradient w.r.t. 'x' differs from the reference on backward #1" in f.message
+    assert f.max_abs is not None and f.max_abs > 1e-3
+
+
+def test_gradients_pass_a_function_saving_its_output():
+    @equivalent_to(torch.exp, inputs=one())
+    def exp_(x):
+        return ExpSavingOutput.apply(x)
+
+    assert equiv.check(exp_, settings=FAST).ok
+
+
+def test_gradients_catch_a_cut_gradient_flow():
+    @equivalent_to(lambda x: x * 2, inputs=one())
+    def doubled_detached(x):
+        return x.detach() * 2
+
+    report = failure(doubled_detached, equiv.GradientMismatch)
+    assert "does not require grad in the implementation" in report.findings[0].headline
+
+
+class MulPair(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a * b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return g * b, g * a
+
+
+def test_gradients_pass_the_same_tensor_in_two_slots():
+    """x*x through a Function given one tensor twice: both slot contributions accumulate."""
+
+    @equivalent_to(lambda a, b: a * b, inputs=one().map(lambda t: (t[0], t[0])))
+    def mul_pair(a, b):
+        return MulPair.apply(a, b)
+
+    report = equiv.check(mul_pair, settings=FAST)
+    assert report.ok and report.examples_run > 0
+
+
+class MulPairDedup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        ctx.same = a is b
+        return a * b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        if ctx.same:  # wrong: "pre-aggregates" but still returns both slots
+            return 2 * g * b, g * a
+        return g * b, g * a
+
+
+def test_gradients_catch_double_counting_when_slots_alias():
+    @equivalent_to(lambda a, b: a * b, inputs=one().map(lambda t: (t[0], t[0])))
+    def mul_pair_dedup(a, b):
+        return MulPairDedup.apply(a, b)
+
+    report = failure(mul_pair_dedup, equiv.GradientMismatch)
+    f = report.findings[0]
+    assert f.argument == "a" and "b=<same tensor as a>" in f.example
+
+
+# --------------------------------------------------------------------------- repeated backward
+class SquareCorruptsSaved(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x.clone())
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x.mul_(2)  # correct the first time (2x), then 4x, ...
+
+
+class SquareCorruptsSavedUntracked(SquareCorruptsSaved):
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        x.data.mul_(2)  # hidden from the version counter
+        return g * x
+
+
+def test_repeated_backward_catches_a_backward_that_writes_a_saved_tensor():
+    """A tracked write: autograd raises on backward #2, reported with the traceback."""
+
+    @equivalent_to(lambda x: x * x, inputs=one())
+    def square(x):
+        return SquareCorruptsSaved.apply(x)
+
+    report = failure(square, equiv.GradientMismatch)
+    f = next(f for f in report.findings if f.check == "repeated-backward")
+    assert "a second backward through the retained graph raised RuntimeError" in f.headline
+    assert "modified by an inplace operation" in f.details
+
+
+def test_repeated_backward_catches_an_untracked_write_to_a_saved_tensor():
+    """Through .data the version counter does not move: backward #2 silently differs."""
+
+    @equivalent_to(lambda x: x * x, inputs=one())
+    def square_untracked(x):
+        return SquareCorruptsSavedUntracked.apply(x)
+
+    report = failure(square_untracked, equiv.GradientMismatch)
+    f = next(f for f in report.findings if f.check == "repeated-backward")
+    assert "on backward #2 (same cotangent, retained graph) differs from backward #1" in f.headline
+    assert "Likely cause" in f.message
+
+
+class ScaleWritesGradOutput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.mul_(3)
+
+
+def test_gradients_catch_a_backward_writing_into_grad_output():
+    @equivalent_to(lambda x: x * 3, inputs=one())
+    def triple(x):
+        return ScaleWritesGradOutput.apply(x)
+
+    report = failure(triple)
+    assert any("modified the caller's cotangent (grad_output)" in f.headline
+               for f in report.findings)
+
+
+class ScaleInPlace(torch.autograd.Function):
+    """A correct in-place Function: writes its input and marks it dirty."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_repeated_backward_passes_a_correct_mark_dirty_function():
+    @equivalent_to(lambda x: x * 2, mutates={"x": "out"}, inputs=one())
+    def scale_(x):
+        return ScaleInPlace.apply(x)
+
+    assert equiv.check(scale_, settings=FAST).ok
+
+
+# --------------------------------------------------------------------------- output stability
+_WORKSPACE: dict[tuple, torch.Tensor] = {}
+
+
+def test_output_stability_catches_a_reused_workspace():
+    @equivalent_to(lambda x: x * 2, inputs=one(requires_grad=False))
+    def double_into_workspace(x):
+        buf = _WORKSPACE.setdefault(tuple(x.shape), torch.empty_like(x))
+        return torch.mul(x, 2, out=buf)
+
+    report = failure(double_into_workspace, equiv.OutputMismatch)
+    f = report.findings[0]
+    assert f.check == "output-stability"
+    assert "a second call to the implementation changed output" in f.headline
+    assert "reused workspace" in f.message
+
+
+def test_output_stability_passes_a_fresh_result():
+    @equivalent_to(lambda x: x * 2, inputs=one(requires_grad=False))
+    def double(x):
+        return torch.mul(x, 2)
+
+    assert equiv.check(double, settings=FAST).ok
+
+
+# --------------------------------------------------------------------------- error parity
+def checked_sqrt_ref(x):
+    if bool((x < 0).any()):
+        raise ValueError("negative input")
+    return x.sqrt()
+
+
+def sometimes_negative():
+    return st.tuples(tensors(shape=(3,), dtype=torch.float64), st.booleans()).map(
+        lambda p: ((p[0].abs() if p[1] else p[0]).requires_grad_(),))
+
+
+def test_error_parity_rejects_examples_both_sides_refuse():
+    @equivalent_to(checked_sqrt_ref, inputs=sometimes_negative())
+    def checked_sqrt(x):
+        if bool((x < 0).any()):
+            raise ValueError("sqrt of a negative number")
+        return torch.sqrt(x)
+
+    report = equiv.check(checked_sqrt, settings=FAST, raise_on_failure=False)
+    assert report.ok, report.render()
+    assert report.invalid_examples > 0 and report.examples_run > report.invalid_examples
+
+
+def test_error_parity_catches_an_implementation_that_accepts_invalid_input():
+    @equivalent_to(checked_sqrt_ref, inputs=sometimes_negative())
+    def lenient_sqrt(x):
+        return x.abs().sqrt()
+
+    report = failure(lenient_sqrt, equiv.ErrorMismatch)
+    assert "the reference raised ValueError but the implementation returned normally" in \
+        report.findings[0].headline
+
+
+def test_error_parity_catches_an_implementation_that_raises_with_its_traceback():
+    @equivalent_to(lambda x: x.sum(0), inputs=one())
+    def broken_sum(x):
+        return x.view(-1, 5).sum(0)
+
+    report = failure(broken_sum, equiv.ErrorMismatch)
+    f = report.findings[0]
+    assert "the implementation raised RuntimeError where the reference returned" in f.headline
+    assert "x.view(-1, 5)" in f.traceback
+
+
+def test_no_valid_example_is_a_usage_error_not_a_pass():
+    def always_refuses(x):
+        raise ValueError("never")
+
+    @equivalent_to(always_refuses, inputs=one())
+    def refuses_too(x):
+        raise ValueError("never")
+
+    with pytest.raises(equiv.InvalidArgument, match="reference raised on every drawn example"):
+        equiv.check(refuses_too, settings=FAST)
+
+
+# --------------------------------------------------------------------------- reference contract
+def test_a_mutating_reference_is_a_registration_error():
+    def impure_ref(x):
+        return x.clamp_(min=0)
+
+    @equivalent_to(impure_ref, inputs=one(requires_grad=False))
+    def relu_copy(x):
+        return x.clamp(min=0)
+
+    with pytest.raises(equiv.InvalidArgument, match="modified its argument 'x'"):
+        equiv.check(relu_copy, settings=FAST)
+
+
+# --------------------------------------------------------------------------- several findings
+def test_several_distinct_findings_are_all_reported():
+    @equivalent_to(relu_ref, inputs=one())
+    def many_bugs(x):
+        x.detach().add_(0)  # undeclared write
+        return x.detach().clamp(min=0)  # cut gradient
+
+    report = failure(many_bugs)
+    assert {"mutation", "gradients"} <= checks_of(report)
+    assert "[1/" in report.render()
+
+
+# --------------------------------------------------------------------------- flakiness
+def test_a_nondeterministic_implementation_is_reported_as_flaky():
+    """A failure that does not reproduce on replay is a 'flaky' finding, not a plain pass."""
+    calls = {"n": 0}
+
+    @equivalent_to(lambda x: x * 2, inputs=one(requires_grad=False))
+    def sometimes_wrong(x):
+        calls["n"] += 1
+        return x * 2 + (1.0 if calls["n"] == 3 else 0.0)  # only the 2nd example
+
+    report = equiv.check(sometimes_wrong, settings=FAST, raise_on_failure=False)
+    assert not report.ok
+    assert report.findings[0].check == "flaky"
+    assert "failed once and passed when replayed" in report.findings[0].headline
