@@ -19,157 +19,6 @@ ALL_CHECKS: tuple[str, ...] = (
     "output-stability",
 )
 
-
-@dataclasses.dataclass(frozen=True)
-class settings:
-    """What a run explores. Immutable: derive with ``settings(parent, max_examples=...)``.
-
-    Precedence when running: options given to ``equivalent_to`` > arguments of ``check`` >
-    the loaded profile (``EQUIV_PROFILE``, or ``ci`` when the ``CI`` variable is set) > ``default``.
-    Hypothesis's own options (``database``, ``phases``, health checks...) pass through
-    ``hypothesis_settings``.
-    """
-
-    max_examples: int = 30
-    derandomize: bool = False
-    seed: int | None = None
-    modes: tuple[str, ...] = ("eager",)
-    devices: tuple[str, ...] = ("cpu",)
-    checks: tuple[str, ...] = ALL_CHECKS
-    backward_repeats: int = 2
-    hypothesis_settings: Any = None
-    #: dtypes examples are drawn in, by name ("float32", "float64", "bfloat16", ...)
-    dtypes: tuple[str, ...] = ("float32",)
-    #: per-dtype (rtol, atol) overriding torch.testing.assert_close's table; give a mapping
-    #: ``{"float16": (1e-3, 1e-5)}``, stored as sorted ``(dtype, rtol, atol)`` triples
-    tolerances: tuple[tuple[str, float, float], ...] = ()
-    #: named schedules to run (forward / mutate / backward scripts); () runs none
-    schedules: tuple[str, ...] = ()
-    #: memory contract, e.g. ``{"max_peak_ratio": 1.0}``; stored as sorted (key, value) pairs
-    memory: tuple[tuple[str, Any], ...] = ()
-
-    _profiles: ClassVar[dict[str, "settings"]] = {}
-    _current: ClassVar[str] = "default"
-    #: options of the running pytest session (--equiv-max-examples...), applied over the profile
-    _session_overrides: ClassVar[dict[str, Any]] = {}
-
-    def __init__(self, parent: "settings | None" = None, **changes: Any) -> None:
-        base = parent if parent is not None else None
-        fields = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - fields)
-        if unknown:
-            raise InvalidArgument(
-                f"settings() got unknown option(s) {unknown}; valid options are {sorted(fields)}."
-            )
-        for f in dataclasses.fields(self):
-            if f.name in changes:
-                value = changes[f.name]
-            elif base is not None:
-                value = getattr(base, f.name)
-            else:
-                value = f.default
-            object.__setattr__(self, f.name, value)
-        self._validate()
-
-    def _validate(self) -> None:
-        if not isinstance(self.max_examples, int) or self.max_examples < 1:
-            raise InvalidArgument(
-                f"settings(max_examples={self.max_examples!r}): give a positive integer."
-            )
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise InvalidArgument(f"settings(seed={self.seed!r}): give an integer or None.")
-        for name in ("modes", "devices", "checks"):
-            value = getattr(self, name)
-            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
-                raise InvalidArgument(
-                    f"settings({name}={value!r}): give a tuple of strings, e.g. ('eager',)."
-                )
-            object.__setattr__(self, name, tuple(value))
-        object.__setattr__(self, "dtypes", _dtype_names(self.dtypes))
-        object.__setattr__(self, "tolerances", _tolerance_triples(self.tolerances))
-        if isinstance(self.schedules, str) or not all(isinstance(v, str) for v in self.schedules):
-            raise InvalidArgument(
-                f"settings(schedules={self.schedules!r}): give a tuple of schedule names."
-            )
-        object.__setattr__(self, "schedules", tuple(self.schedules))
-        object.__setattr__(self, "memory", _memory_pairs(self.memory))
-        unknown = [c for c in self.checks if c not in ALL_CHECKS]
-        if unknown:
-            raise InvalidArgument(
-                f"settings(checks=...) names unknown check(s) {unknown}; known: {list(ALL_CHECKS)}."
-            )
-        if self.backward_repeats not in (1, 2):
-            raise InvalidArgument(
-                f"settings(backward_repeats={self.backward_repeats!r}): give 1 (no repeated "
-                "backward) or 2 (backward again through the retained graph)."
-            )
-
-    def tolerance(self, dtype: Any) -> tuple[float, float] | None:
-        """The (rtol, atol) configured for ``dtype`` (a name or torch dtype), or None for
-        torch.testing.assert_close's default."""
-        name = _dtype_name(dtype)
-        for d, rtol, atol in self.tolerances:
-            if d == name:
-                return rtol, atol
-        return None
-
-    @property
-    def memory_contract(self) -> dict[str, Any]:
-        return dict(self.memory)
-
-    # -- profiles ---------------------------------------------------------------------------
-    @classmethod
-    def register_profile(cls, name: str, parent: "settings | None" = None, **changes: Any) -> None:
-        """Store a named profile built from ``parent`` (default: the ``default`` profile)."""
-        cls._profiles[name] = settings(parent or cls._profiles.get("default"), **changes)
-
-    @classmethod
-    def get_profile(cls, name: str) -> "settings":
-        try:
-            return cls._profiles[name]
-        except KeyError:
-            raise InvalidArgument(
-                f"no equiv settings profile named {name!r}; registered: {sorted(cls._profiles)}."
-            ) from None
-
-    @classmethod
-    def load_profile(cls, name: str) -> None:
-        """Make ``name`` the profile that runs start from."""
-        cls.get_profile(name)
-        cls._current = name
-
-    @classmethod
-    def default(cls) -> "settings":
-        """The currently loaded profile, with the running pytest session's options over it."""
-        base = cls._profiles[cls._current]
-        return settings(base, **cls._session_overrides) if cls._session_overrides else base
-
-    @classmethod
-    def _push_session(cls, profile: str | None = None, **overrides: Any) -> tuple[str, dict]:
-        """Internal (pytest plugin): load ``profile`` and apply ``overrides`` over it; returns
-        the previous state for :meth:`_pop_session`."""
-        previous = (cls._current, dict(cls._session_overrides))
-        if profile is not None:
-            cls.load_profile(profile)
-        settings(cls._profiles[cls._current], **overrides)  # validate now, not at first use
-        cls._session_overrides = dict(overrides)
-        return previous
-
-    @classmethod
-    def _pop_session(cls, previous: tuple[str, dict]) -> None:
-        cls._current, cls._session_overrides = previous[0], dict(previous[1])
-
-    @property
-    def profile(self) -> str:
-        return type(self)._current
-
-    def summary(self) -> str:
-        return (
-            f"profile={self.profile} max_examples={self.max_examples} "
-            f"modes={','.join(self.modes)} devices={','.join(self.devices)}"
-        )
-
-
 _DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128", "int8",
            "int16", "int32", "int64", "uint8", "bool")
 
@@ -228,12 +77,163 @@ def _memory_pairs(value: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(items))
 
 
-#: profiles. ``default`` is quick; ``ci`` is derandomized with more examples and loads itself
-#: when the CI environment variable is set; ``thorough`` explores more. The compile/functionalize/
-#: vmap modes join ``default``/``thorough`` when equiv.modes provides them.
+@dataclasses.dataclass(frozen=True)
+class settings:
+    """What a run explores. Immutable: derive with ``settings(parent, max_examples=...)``.
+
+    Precedence when running: options given to ``equivalent_to`` > arguments of ``check`` >
+    the loaded profile (``EQUIV_PROFILE``, or ``ci`` when the ``CI`` variable is set) > ``default``.
+    Hypothesis's own options (``database``, ``phases``, health checks...) pass through
+    ``hypothesis_settings``.
+    """
+
+    max_examples: int = 30
+    derandomize: bool = False
+    seed: int | None = None
+    modes: tuple[str, ...] = ("eager",)
+    devices: tuple[str, ...] = ("cpu",)
+    checks: tuple[str, ...] = ALL_CHECKS
+    backward_repeats: int = 2
+    hypothesis_settings: Any = None
+    #: dtypes examples are drawn in, by name ("float32", "float64", "bfloat16", ...)
+    dtypes: tuple[str, ...] = ("float32",)
+    #: per-dtype (rtol, atol) overriding torch.testing.assert_close's table; give a mapping
+    #: ``{"float16": (1e-3, 1e-5)}``, stored as sorted ``(dtype, rtol, atol)`` triples
+    tolerances: tuple[tuple[str, float, float], ...] = ()
+    #: named schedules to run (forward / mutate / backward scripts); () runs none
+    schedules: tuple[str, ...] = ()
+    #: memory contract, e.g. ``{"max_peak_ratio": 1.0}``; stored as sorted (key, value) pairs
+    memory: tuple[tuple[str, Any], ...] = ()
+
+    _profiles: ClassVar[dict[str, "settings"]] = {}
+    _current: ClassVar[str] = "default"
+    #: options of the running pytest session (--equiv-max-examples...), applied over the profile
+    _session_overrides: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, parent: "settings | None" = None, **changes: Any) -> None:
+        base = parent if parent is not None else None
+        fields = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - fields)
+        if unknown:
+            raise InvalidArgument(
+                f"settings() got unknown option(s) {unknown}; valid options are {sorted(fields)}."
+            )
+        for f in dataclasses.fields(self):
+            if f.name in changes:
+                value = changes[f.name]
+            elif base is not None:
+                value = getattr(base, f.name)
+            else:
+                value = f.default
+            object.__setattr__(self, f.name, value)
+        self._validate()
+        self._validate_more()
+
+    def _validate_more(self) -> None:
+        """Validate and normalise dtypes, tolerances, schedules and the memory contract."""
+        object.__setattr__(self, "dtypes", _dtype_names(self.dtypes))
+        object.__setattr__(self, "tolerances", _tolerance_triples(self.tolerances))
+        if isinstance(self.schedules, str) or not all(isinstance(v, str) for v in self.schedules):
+            raise InvalidArgument(
+                f"settings(schedules={self.schedules!r}): give a tuple of schedule names."
+            )
+        object.__setattr__(self, "schedules", tuple(self.schedules))
+        object.__setattr__(self, "memory", _memory_pairs(self.memory))
+
+    def tolerance(self, dtype: Any) -> tuple[float, float] | None:
+        """The (rtol, atol) configured for ``dtype`` (a name or torch dtype), or None for
+        torch.testing.assert_close's default."""
+        name = _dtype_name(dtype)
+        for d, rtol, atol in self.tolerances:
+            if d == name:
+                return rtol, atol
+        return None
+
+    @property
+    def memory_contract(self) -> dict[str, Any]:
+        return dict(self.memory)
+
+    def _validate(self) -> None:
+        if not isinstance(self.max_examples, int) or self.max_examples < 1:
+            raise InvalidArgument(
+                f"settings(max_examples={self.max_examples!r}): give a positive integer."
+            )
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise InvalidArgument(f"settings(seed={self.seed!r}): give an integer or None.")
+        for name in ("modes", "devices", "checks"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                raise InvalidArgument(
+                    f"settings({name}={value!r}): give a tuple of strings, e.g. ('eager',)."
+                )
+            object.__setattr__(self, name, tuple(value))
+        unknown = [c for c in self.checks if c not in ALL_CHECKS]
+        if unknown:
+            raise InvalidArgument(
+                f"settings(checks=...) names unknown check(s) {unknown}; known: {list(ALL_CHECKS)}."
+            )
+        if self.backward_repeats not in (1, 2):
+            raise InvalidArgument(
+                f"settings(backward_repeats={self.backward_repeats!r}): give 1 (no repeated "
+                "backward) or 2 (backward again through the retained graph)."
+            )
+
+    # -- profiles ---------------------------------------------------------------------------
+    @classmethod
+    def register_profile(cls, name: str, parent: "settings | None" = None, **changes: Any) -> None:
+        """Store a named profile built from ``parent`` (default: the ``default`` profile)."""
+        cls._profiles[name] = settings(parent or cls._profiles.get("default"), **changes)
+
+    @classmethod
+    def get_profile(cls, name: str) -> "settings":
+        try:
+            return cls._profiles[name]
+        except KeyError:
+            raise InvalidArgument(
+                f"no equiv settings profile named {name!r}; registered: {sorted(cls._profiles)}."
+            ) from None
+
+    @classmethod
+    def load_profile(cls, name: str) -> None:
+        """Make ``name`` the profile that runs start from."""
+        cls.get_profile(name)
+        cls._current = name
+
+    @classmethod
+    def default(cls) -> "settings":
+        """The currently loaded profile, with the running pytest session's options over it."""
+        base = cls._profiles[cls._current]
+        return settings(base, **cls._session_overrides) if cls._session_overrides else base
+
+    @classmethod
+    def _push_session(cls, profile: str | None = None, **overrides: Any) -> tuple[str, dict]:
+        """Internal (pytest plugin, equiv command): load ``profile`` and apply ``overrides``
+        over it; returns the previous state for :meth:`_pop_session`."""
+        previous = (cls._current, dict(cls._session_overrides))
+        if profile is not None:
+            cls.load_profile(profile)
+        settings(cls._profiles[cls._current], **overrides)  # validate now, not at first use
+        cls._session_overrides = dict(overrides)
+        return previous
+
+    @classmethod
+    def _pop_session(cls, previous: tuple[str, dict]) -> None:
+        cls._current, cls._session_overrides = previous[0], dict(previous[1])
+
+    @property
+    def profile(self) -> str:
+        return type(self)._current
+
+    def summary(self) -> str:
+        return (
+            f"profile={self.profile} max_examples={self.max_examples} "
+            f"modes={','.join(self.modes)} devices={','.join(self.devices)}"
+        )
+
+
 settings._profiles["default"] = settings()
-settings.register_profile("ci", derandomize=True, max_examples=100)
-settings.register_profile("thorough", max_examples=200, dtypes=("float32", "float64"))
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("thorough", max_examples=200)
 
 
 def _load_environment_profile() -> None:
@@ -243,5 +243,11 @@ def _load_environment_profile() -> None:
     elif os.environ.get("CI"):
         settings.load_profile("ci")
 
+
+# issue 7: ci runs more examples, thorough also draws float64 (kept apart from the lines above so
+# that edits of the profiles' modes merge cleanly)
+settings._profiles["ci"] = settings(settings._profiles["ci"], max_examples=100)
+settings._profiles["thorough"] = settings(settings._profiles["thorough"],
+                                          dtypes=("float32", "float64"))
 
 _load_environment_profile()
