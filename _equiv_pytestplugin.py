@@ -117,7 +117,7 @@ class _State:
     def header(self) -> str:
         cfg = self.effective()
         seed = "derandomized" if cfg.derandomize else f"--equiv-seed={cfg.seed}"
-        return (f"equiv: profile={cfg.profile} modes={','.join(cfg.modes)} "
+        return (f"equiv: profile={cfg.profile} modes={','.join(map(str, cfg.modes))} "
                 f"devices={','.join(cfg.devices)} max_examples={cfg.max_examples} {seed}")
 
     def reproduce_flags(self, mode: str, device: str) -> str:

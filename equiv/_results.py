@@ -118,7 +118,7 @@ def _plain(v: Any) -> Any:
     return str(v)
 
 
-def combinations(spec: Spec, cfg: Settings) -> list[tuple[str, str]]:
+def combinations(spec: Spec, cfg: Settings) -> list[tuple[Any, str]]:
     """(mode, device) pairs to run ``spec`` under: the decorator's modes/devices when it set
     them, else ``cfg``'s (the profile with the command-line options over it)."""
     modes, devices = cfg.modes, cfg.devices
@@ -149,18 +149,19 @@ def device_unavailable(device: str) -> str | None:
     return None
 
 
-def narrow(spec: Spec, mode: str, device: str) -> Spec:
+def narrow(spec: Spec, mode: Any, device: str) -> Spec:
     """``spec`` restricted to one mode and device, even when its decorator names several."""
     own = spec.settings if spec.settings is not None else Settings()
     return dataclasses.replace(spec, settings=Settings(own, modes=(mode,), devices=(device,)))
 
 
-def run_one(spec: Spec, mode: str, device: str, **check_options: Any) -> Result:
-    """Run ``spec`` under one mode on one device; never raises for findings."""
+def run_one(spec: Spec, mode: Any, device: str, **check_options: Any) -> Result:
+    """Run ``spec`` under one mode (a name, or a mode object whose str is its name) on one
+    device; never raises for findings."""
     from equiv.run import check
 
     base = dict(spec=spec.name, implementation=spec.implementation, reference=spec.reference,
-                mode=mode, device=device)
+                mode=str(mode), device=device)
     try:
         why = device_unavailable(device)
         if why is not None:
@@ -171,7 +172,7 @@ def run_one(spec: Spec, mode: str, device: str, **check_options: Any) -> Result:
         return Result(verdict="error", reason=str(e), **base)
     if report.findings:
         return Result(verdict="fail", report=report, **base)
-    if mode.startswith("compile") and _compiled_nothing(getattr(report, "compile_counts", None)):
+    if str(mode).startswith("compile") and _compiled_nothing(getattr(report, "compile_counts", None)):
         return Result(verdict="not-compiled", report=report,
                       reason="torch.compile produced no graph (everything ran eagerly)", **base)
     return Result(verdict="pass", report=report, **base)
@@ -204,7 +205,7 @@ def document(results: Iterable[Result | dict[str, Any]], *, tool: str, profile: 
         "tool": tool,
         "profile": profile,
         "seed": seed,
-        "modes": list(modes),
+        "modes": [str(m) for m in modes],
         "devices": list(devices),
         "max_examples": max_examples,
         "reproduce": reproduce,

@@ -143,7 +143,7 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
 
     cfg = equiv.settings.default()
     seed_text = "derandomized" if cfg.derandomize else f"--seed={cfg.seed}"
-    print(f"equiv: profile={cfg.profile} modes={','.join(cfg.modes)} "
+    print(f"equiv: profile={cfg.profile} modes={','.join(map(str, cfg.modes))} "
           f"devices={','.join(cfg.devices)} max_examples={cfg.max_examples} {seed_text}",
           file=out)
     tasks = [(s, m, d) for s in specs for m, d in combinations(s, cfg)]
@@ -215,7 +215,7 @@ def _table(results: list[Any], labels: dict[str, str], out: TextIO) -> None:
 
 def _reproduce(args: argparse.Namespace, cfg: Any) -> str:
     parts = ["equiv", "check", *args.targets, f"--profile={cfg.profile}",
-             f"--modes={','.join(cfg.modes)}", f"--devices={','.join(cfg.devices)}",
+             f"--modes={','.join(map(str, cfg.modes))}", f"--devices={','.join(cfg.devices)}",
              f"--max-examples={cfg.max_examples}"]
     if not cfg.derandomize:
         parts.append(f"--seed={cfg.seed}")

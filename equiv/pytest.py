@@ -99,7 +99,7 @@ class EquivItem(pytest.Item):
                 f"{result.reason}\nThis item's mode and device come from --equiv-modes/"
                 "--equiv-devices, else from the spec's settings, else from the settings profile "
                 f"({self._state.effective().profile!r}): fix the one that names "
-                f"{self.mode!r}/{self.device!r}.")
+                f"'{self.mode}'/'{self.device}'.")
         if result.verdict == "not-compiled":
             raise _NotCompiled(result.reason)
         if result.report is not None:
@@ -161,7 +161,7 @@ def _make_items(parent: Any, specs: list[Spec], state: Any) -> list[Any]:
             base = spec.name
         used.add(base)
         for mode, device in combinations(spec, cfg):
-            params = f"{mode}-{device}"
+            params = f"{mode}-{device}"  # str(mode): mode objects print as their name
             items.append(EquivItem.from_parent(
                 parent, name=f"{base}[{params}]", nodeid=parent.id.child(base).with_params(params),
                 spec=spec, mode=mode, device=device, state=state))
@@ -200,7 +200,7 @@ def _write_reports(state: Any) -> None:
     doc = document(rows, tool="pytest", profile=cfg.profile,
                    seed=None if cfg.derandomize else cfg.seed, modes=cfg.modes,
                    devices=cfg.devices, max_examples=cfg.max_examples,
-                   reproduce=("pytest " + state.reproduce_flags(",".join(cfg.modes),
+                   reproduce=("pytest " + state.reproduce_flags(",".join(map(str, cfg.modes)),
                                                                 ",".join(cfg.devices))))
     if state.report_path:
         write_json(doc, state.report_path)
