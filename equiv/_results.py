@@ -57,7 +57,7 @@ class Result:
             "checks": list(r.checks) if r else [],
             "notes": list(r.notes) if r else [],
             "settings": r.settings if r else "",
-            "compile_counts": _plain(getattr(r, "compile_counts", None)) if r else None,
+            "compile_counts": compile_counts(r, self.mode, self.device),
             "findings": [finding_dict(f) for f in (r.findings if r else ())],
         }
 
@@ -172,16 +172,32 @@ def run_one(spec: Spec, mode: Any, device: str, **check_options: Any) -> Result:
         return Result(verdict="error", reason=str(e), **base)
     if report.findings:
         return Result(verdict="fail", report=report, **base)
-    if str(mode).startswith("compile") and _compiled_nothing(getattr(report, "compile_counts", None)):
-        return Result(verdict="not-compiled", report=report,
-                      reason="torch.compile produced no graph (everything ran eagerly)", **base)
+    run = mode_run(report, str(mode), device)
+    status = getattr(run, "status", None)
+    if status == "not compiled":  # a compile mode that fell back to eager: never a pass
+        return Result(verdict="not-compiled", report=report, reason=getattr(run, "reason", "")
+                      or "the compile mode captured no graph (it ran eagerly)", **base)
+    if status == "skipped":  # e.g. a transform the implementation does not support
+        return Result(verdict="skipped", report=report, reason=getattr(run, "reason", ""), **base)
     return Result(verdict="pass", report=report, **base)
 
 
-def _compiled_nothing(counts: Any) -> bool:
-    if not isinstance(counts, dict):
-        return False  # unknown: the modes runner reports no counts yet
-    return counts.get("graphs", 1) == 0
+def mode_run(report: Report | None, mode: str, device: str) -> Any:
+    """The report's record of what (mode, device) did (``Report.runs``, equiv.modes), or None
+    when the runner keeps no such record."""
+    for run in getattr(report, "runs", None) or ():
+        if str(getattr(run, "mode", "")) == mode and getattr(run, "device", None) == device:
+            return run
+    return None
+
+
+def compile_counts(report: Report | None, mode: str, device: str) -> dict[str, Any] | None:
+    """Compilations and graph breaks of a compile mode, or None when not recorded."""
+    run = mode_run(report, mode, device)
+    if run is None or getattr(run, "compilations", None) is None:
+        return None
+    return {"compilations": run.compilations, "graph_breaks": getattr(run, "graph_breaks", None),
+            "break_reasons": _plain(list(getattr(run, "break_reasons", ()) or ()))}
 
 
 def summary(results: Iterable[Result | dict[str, Any]]) -> dict[str, int]:

@@ -227,30 +227,53 @@ def test_python_dash_m_equiv_runs_the_command():
     assert "MutationMismatch" in proc.stdout
 
 
-def test_a_compile_mode_that_compiled_nothing_is_not_a_pass(monkeypatch):
-    """A compile mode whose report counts zero graphs shows 'not compiled' and exits 1."""
+def test_a_compile_mode_that_compiled_nothing_is_not_a_pass(monkeypatch, tmp_path):
+    """A compile mode whose run record says 'not compiled' shows so in the table, in the JSON
+    (with its compile counts) and exits 1; one that compiled passes."""
     import dataclasses
 
     import equiv.run
     from equiv.report import Report
 
     @dataclasses.dataclass(frozen=True)
-    class CountedReport(Report):
-        compile_counts: dict | None = None
+    class Run:  # the shape of equiv.report.ModeResult (modes issue)
+        mode: str
+        device: str
+        status: str
+        reason: str = ""
+        compilations: int | None = None
+        graph_breaks: int | None = None
+        break_reasons: tuple = ()
+
+    @dataclasses.dataclass(frozen=True)
+    class RunsReport(Report):
+        runs: tuple = ()
 
     def fake_check(spec, *, modes, devices, **kw):
-        graphs = 0 if spec.name.endswith("leaky_relu_") else 2
-        return CountedReport(spec=spec.name, implementation=spec.implementation,
-                             reference=spec.reference, modes=modes, devices=devices,
-                             examples_run=4, compile_counts={"graphs": graphs})
+        (mode,), (device,) = modes, devices
+        if spec.name.endswith("leaky_relu_"):
+            run = Run(mode, device, "not compiled", reason="fell back to eager: graph break on "
+                      "leaky_relu_", compilations=0, graph_breaks=1, break_reasons=("b",))
+        else:
+            run = Run(mode, device, "passed", compilations=2, graph_breaks=0)
+        return RunsReport(spec=spec.name, implementation=spec.implementation,
+                          reference=spec.reference, modes=modes, devices=devices,
+                          examples_run=4, runs=(run,))
 
     monkeypatch.setattr(equiv.run, "check", fake_check)
-    code, out, _ = run("check", EXAMPLES, "--modes", "compile[aot_eager]", *QUICK)
+    path = tmp_path / "r.json"
+    code, out, _ = run("check", EXAMPLES, "--modes", "compile[aot_eager]", *QUICK,
+                       "--json", str(path))
     assert code == 1
     table = rows(out)
     assert table[("activations.relu_", "compile[aot_eager]", "cpu")][0] == "pass"
     assert table[("activations.leaky_relu_", "compile[aot_eager]", "cpu")][0] == "not compiled"
-    assert "torch.compile produced no graph (everything ran eagerly)" in out
+    assert "fell back to eager: graph break on leaky_relu_" in out
+    results = {r["spec"]: r for r in json.loads(path.read_text())["results"]}
+    assert results["activations.leaky_relu_"]["verdict"] == "not-compiled"
+    assert results["activations.leaky_relu_"]["compile_counts"] == {
+        "compilations": 0, "graph_breaks": 1, "break_reasons": ["b"]}
+    assert results["activations.relu_"]["compile_counts"]["compilations"] == 2
 
 
 def test_devices_named_by_the_decorator_are_used(tmp_path):
