@@ -15,6 +15,7 @@ top-level ``_equiv_pytestplugin`` module, which imports nothing heavy.
 
 from __future__ import annotations
 
+import re
 import traceback
 from types import ModuleType
 from typing import Any, Iterator
@@ -120,8 +121,31 @@ class EquivItem(pytest.Item):
                     f"-k '{self.name}' {flags}")
         return f"Reproduce in pytest: pytest '{self.nodeid}' {flags}"
 
+    def add_report_section(self, when: str, key: str, content: str) -> None:
+        # torch.compile logs its structured trace (logger "torch.__trace") at DEBUG; pytest's
+        # log capture would print hundreds of those lines under every failing compile item.
+        if key == "log":
+            content = _without_torch_trace(content)
+        if content:
+            super().add_report_section(when, key, content)
+
     def reportinfo(self) -> tuple[Any, int, str]:
         return self.path, 0, self.name
+
+
+_RECORD = re.compile(r"^(CRITICAL|ERROR|WARNING|INFO|DEBUG|NOTSET|Level \d+)\s+(\S+?):")
+
+
+def _without_torch_trace(text: str) -> str:
+    """Captured log text minus the records of torch's structured-trace logger."""
+    kept, keep = [], True
+    for line in text.splitlines(keepends=True):
+        m = _RECORD.match(line)
+        if m:  # a record starts; continuation lines follow their record's fate
+            keep = not m.group(2).startswith("torch.__trace")
+        if keep:
+            kept.append(line)
+    return "".join(kept)
 
 
 class _EquivUsageError(Exception):

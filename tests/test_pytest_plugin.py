@@ -129,6 +129,24 @@ def test_failure_shows_the_finding_and_the_flags_to_reproduce_without_pytest_noi
         assert noise not in out, f"pytest-internal noise {noise!r} in the failure output"
 
 
+def test_torch_trace_logs_are_left_out_of_the_failure_but_user_logs_stay(pytester):
+    """torch.compile's DEBUG structured trace is not dumped under a failing item; the user's
+    own log records still are."""
+    noisy = KERNELS.replace("    y = x * w\n", (
+        "    import logging\n"
+        "    logging.getLogger('torch.__trace').debug('TRACE NOISE\\nmore noise')\n"
+        "    logging.getLogger('mykernels').warning('USER RECORD')\n"
+        "    y = x * w\n"))
+    assert noisy != KERNELS
+    pytester.makepyfile(kernels=noisy, test_kernels=TEST_MODULE)
+    pytester.syspathinsert()
+    result = pytester.runpytest_inprocess("-k", "scale_stale", "--log-level=DEBUG", *FAST)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "USER RECORD" in out and "Captured log call" in out
+    assert "TRACE NOISE" not in out and "more noise" not in out
+
+
 def test_the_printed_reproduce_line_reproduces_the_failure(project):
     """Running the printed node id and flags selects that one item and fails the same way."""
     result = project.runpytest_inprocess(
