@@ -36,7 +36,8 @@ figcaption{color:#59636e;font-size:12.5px;margin-top:4px}
 .legend span{margin-right:14px;white-space:nowrap} .legend i{display:inline-block;width:10px;
 height:10px;margin-right:4px;vertical-align:-1px}
 .bar{height:12px;background:#54aeff;display:inline-block;vertical-align:-2px;margin-right:6px}
-.empty{color:#59636e;font-style:italic}
+.empty{color:#59636e;font-style:italic;margin:4px 0}
+h3{font-size:14px;margin:12px 0 4px} summary{cursor:pointer;color:#0969da;margin:8px 0}
 """
 
 
@@ -102,7 +103,8 @@ def _finding(n: int, r: dict[str, Any], f: dict[str, Any]) -> str:
         f'<section class="finding" id="finding-{n}"><h2>{n}. {escape(f.get("kind", ""))}: '
         f'{escape(f.get("headline", ""))}</h2><dl class="facts">{dl}</dl>'
         f"<h3>Timeline</h3>{picture}{_memory(f.get('memory'))}"
-        f'<h3>Message</h3><pre class="message">{escape(f.get("message", ""))}</pre></section>')
+        f'<details><summary>Full message</summary><pre class="message">'
+        f'{escape(f.get("message", ""))}</pre></details></section>')
 
 
 def _memory(mem: Any) -> str:
@@ -132,7 +134,7 @@ def _bytes(v: float) -> str:
 
 def _describe(e: dict[str, Any]) -> str:
     kind = e.get("kind", "?")
-    text = f"step {e.get('step')}: {kind}"
+    text = f"step {e.get('step')}" + (f" ({e['phase']})" if e.get("phase") else "") + f": {kind}"
     if e.get("op"):
         text += f" {e['op']}"
     if e.get("storage"):
@@ -141,15 +143,21 @@ def _describe(e: dict[str, Any]) -> str:
         text += f" ({e['tensor']})"
     if "version_before" in e or "version_after" in e:
         text += f", version {e.get('version_before')}→{e.get('version_after')}"
+    if e.get("grad_fn"):
+        text += f" by {e['grad_fn']}"
     if kind == "write" and e.get("tracked") is False:
         text += " — UNTRACKED: the version counter did not move, autograd cannot see it"
+    if e.get("detail"):
+        text += f"; {e['detail']}"
     return text
 
 
 def timeline_svg(events: list[dict[str, Any]]) -> str:
-    """A figure with one lane per storage; x is the event's step."""
+    """A figure with one lane per storage; x is the event's step. Phases (forward, backward #k,
+    release) are bands along the top; untracked writes and stale reads are marked in red."""
     storages: list[str] = []
     names: dict[str, list[str]] = {}
+    saved: dict[str, int] = {}
     for e in events:
         s = e.get("storage")
         if e.get("kind") != "step" and s is not None:
@@ -159,9 +167,12 @@ def timeline_svg(events: list[dict[str, Any]]) -> str:
             t = e.get("tensor")
             if t and t not in names[s]:
                 names[s].append(t)
+            if e.get("kind") == "save" and isinstance(e.get("nbytes"), int):
+                saved[s] = max(saved.get(s, 0), e["nbytes"])
     steps = sorted({int(e.get("step", 0)) for e in events})
     col = {s: i for i, s in enumerate(steps)}
-    left, top, lane_h, col_w = 170, 34, 56, 74
+    dense = len(steps) > 24
+    left, top, lane_h, col_w = 190, 50, 60, (58 if dense else 76)
     width = left + col_w * max(len(steps), 1) + 30
     height = top + lane_h * max(len(storages), 1) + 14
     out = [f'<figure class="timeline"><svg xmlns="http://www.w3.org/2000/svg" role="img" '
@@ -172,9 +183,26 @@ def timeline_svg(events: list[dict[str, Any]]) -> str:
     def x_of(step: Any) -> float:
         return left + col_w * col[int(step)] + col_w / 2
 
-    out.append(f'<text x="8" y="14" fill="#59636e">storage \\ step</text>')
-    for st in steps:  # step numbers along the top
-        out.append(f'<text x="{x_of(st):.0f}" y="14" text-anchor="middle" fill="#59636e">'
+    # phase bands: consecutive steps of one phase share a band
+    bands: list[list[Any]] = []
+    for e in sorted(events, key=lambda e: int(e.get("step", 0))):
+        phase = e.get("phase")
+        if phase is None:
+            continue
+        if bands and bands[-1][0] == phase:
+            bands[-1][2] = int(e.get("step", 0))
+        else:
+            bands.append([phase, int(e.get("step", 0)), int(e.get("step", 0))])
+    for i, (phase, first, last) in enumerate(bands):
+        x0, x1 = x_of(first) - col_w / 2 + 1, x_of(last) + col_w / 2 - 1
+        out.append(f'<g class="phase" data-phase="{escape(str(phase))}">'
+                   f'<rect x="{x0:.0f}" y="2" width="{x1 - x0:.0f}" height="16" rx="3" '
+                   f'fill="{"#ddf4ff" if i % 2 == 0 else "#fff8c5"}"/>'
+                   f'<text x="{(x0 + x1) / 2:.0f}" y="14" text-anchor="middle" font-size="11" '
+                   f'fill="#1f2328">{escape(_clip(str(phase), int((x1 - x0) / 7)))}</text></g>')
+    out.append(f'<text x="8" y="34" fill="#59636e">storage \\ step</text>')
+    for st in steps:  # step numbers
+        out.append(f'<text x="{x_of(st):.0f}" y="34" text-anchor="middle" fill="#59636e">'
                    f"{st}</text>")
     lanes_y = {s: top + lane_h * i + lane_h / 2 for i, s in enumerate(storages)}
     for i, s in enumerate(storages):  # lane backgrounds first, everything else on top
@@ -187,36 +215,49 @@ def timeline_svg(events: list[dict[str, Any]]) -> str:
             out.append(
                 f'<g class="event step" data-kind="step" data-step="{e.get("step")}">'
                 f"<title>{escape(_describe(e))}</title>"
-                f'<line x1="{x:.0f}" y1="20" x2="{x:.0f}" y2="{height - 6}" stroke="#8c959f" '
-                f'stroke-width="1.5" stroke-dasharray="5 3"/><text x="{x + 4:.0f}" y="30" '
+                f'<line x1="{x:.0f}" y1="38" x2="{x:.0f}" y2="{height - 6}" stroke="#8c959f" '
+                f'stroke-width="1.5" stroke-dasharray="5 3"/><text x="{x + 4:.0f}" y="48" '
                 f'fill="#424a53" font-size="10">{escape(str(e.get("op") or "step"))}</text></g>')
     for s in storages:
         y = lanes_y[s]
-        label = s + (f" ({', '.join(names[s])})" if names[s] else "")
+        label = _clip(s + (f" ({', '.join(names[s])})" if names[s] else ""), 24)
         lane_events = [e for e in events if e.get("storage") == s and e.get("kind") != "step"]
         xs = [x_of(e.get("step", 0)) for e in lane_events]
         out.append(f'<g class="lane" data-storage="{escape(s)}">'
-                   f'<text class="lane-label" x="8" y="{y + 4:.0f}" font-weight="600">'
+                   f'<title>{escape(s)}: {escape(", ".join(names[s]))}</title>'
+                   f'<text class="lane-label" x="8" y="{y:.0f}" font-weight="600">'
                    f"{escape(label)}</text>")
+        if s in saved:
+            out.append(f'<text x="8" y="{y + 15:.0f}" font-size="10" fill="#59636e">'
+                       f"saved: keeps {escape(_bytes(saved[s]))} alive</text>")
         if xs:
             out.append(f'<line x1="{min(xs):.0f}" y1="{y:.0f}" x2="{max(xs):.0f}" y2="{y:.0f}" '
                        'stroke="#afb8c1" stroke-width="2"/>')
         for e, x in zip(lane_events, xs):
-            out.append(_marker(e, x, y))
+            out.append(_marker(e, x, y, 9 if dense else 12))
         out.append("</g>")
     out.append("</svg>")
     out.append('<figcaption class="legend">' + "".join(
         f'<span><i style="background:{COLORS[k]}"></i>{k}</span>' for k in KINDS)
         + f'<span><i style="background:{COLORS["untracked"]}"></i>untracked write '
-        "(no version bump)</span><span>┆ step</span></figcaption></figure>")
+        "(no version bump)</span>"
+        f'<span><i style="background:{COLORS["read"]};outline:2px solid '
+        f'{COLORS["untracked"]}"></i>stale read (changed since saved)</span>'
+        "<span>┆ optimizer step</span></figcaption></figure>")
     return "".join(out)
 
 
-def _marker(e: dict[str, Any], x: float, y: float) -> str:
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:max(n - 1, 1)] + "…"
+
+
+def _marker(e: dict[str, Any], x: float, y: float, label_chars: int = 11) -> str:
     kind = e.get("kind", "?")
     untracked = kind == "write" and e.get("tracked") is False
+    stale = kind == "read" and e.get("changed") is True
     color = COLORS["untracked"] if untracked else COLORS.get(kind, "#000")
-    cls = f"event {escape(str(kind))}" + (" untracked" if untracked else "")
+    cls = (f"event {escape(str(kind))}" + (" untracked" if untracked else "")
+           + (" stale" if stale else ""))
     attrs = (f'class="{cls}" data-kind="{escape(str(kind))}" data-step="{e.get("step")}" '
              f'data-storage="{escape(str(e.get("storage")))}"'
              + (f' data-tracked="{str(bool(e.get("tracked"))).lower()}"'
@@ -233,16 +274,20 @@ def _marker(e: dict[str, Any], x: float, y: float) -> str:
                  + "/>")
     elif kind == "read":
         shape = (f'<polygon points="{x - r:.0f},{y - r:.0f} {x + r:.0f},{y - r:.0f} '
-                 f'{x:.0f},{y + r:.0f}" fill="{color}"/>')
+                 f'{x:.0f},{y + r:.0f}" fill="{color}"'
+                 + (f' stroke="{COLORS["untracked"]}" stroke-width="3"' if stale else "") + "/>")
     elif kind == "release":
         shape = (f'<path d="M{x - r:.0f},{y - r:.0f} L{x + r:.0f},{y + r:.0f} M{x + r:.0f},'
                  f'{y - r:.0f} L{x - r:.0f},{y + r:.0f}" stroke="{color}" stroke-width="3"/>')
     else:
         shape = f'<circle cx="{x:.0f}" cy="{y:.0f}" r="4" fill="{color}"/>'
-    label = escape(str(e.get("op") or kind))
+    label = escape(_clip(str(e.get("op") or e.get("grad_fn") or kind), label_chars))
     below = (f'<text x="{x:.0f}" y="{y + r + 13:.0f}" text-anchor="middle" font-size="10" '
              f'fill="#1f2328">{label}</text>')
-    flag = (f'<text class="untracked-label" x="{x:.0f}" y="{y - r - 5:.0f}" text-anchor="middle" '
-            f'font-size="10" font-weight="700" fill="{COLORS["untracked"]}">UNTRACKED</text>'
-            if untracked else "")
+    flag = ""
+    if untracked or stale:
+        flag = (f'<text class="{"untracked-label" if untracked else "stale-label"}" '
+                f'x="{x:.0f}" y="{y - r - 5:.0f}" text-anchor="middle" font-size="10" '
+                f'font-weight="700" fill="{COLORS["untracked"]}">'
+                f'{"UNTRACKED" if untracked else "STALE"}</text>')
     return f"<g {attrs}><title>{escape(_describe(e))}</title>{shape}{below}{flag}</g>"

@@ -39,21 +39,25 @@ class Event:
 
 #: the stale-saved-value hazard: w is saved, written through .data (no version bump), read
 STALE = (
-    {"step": 1, "kind": "save", "storage": "S1", "tensor": "x", "op": "mul", "tracked": True,
-     "version_before": 0, "version_after": 0},
-    {"step": 1, "kind": "save", "storage": "S2", "tensor": "w", "op": "mul", "tracked": True,
-     "version_before": 0, "version_after": 0},
-    {"step": 2, "kind": "view", "storage": "S2", "tensor": "w.data", "op": "detach",
-     "tracked": True, "version_before": 0, "version_after": 0},
-    {"step": 3, "kind": "write", "storage": "S2", "tensor": "w.data", "op": "add_",
-     "tracked": False, "version_before": 0, "version_after": 0},
-    {"step": 4, "kind": "step", "op": "backward #1"},
-    {"step": 5, "kind": "read", "storage": "S2", "tensor": "w", "op": "MulBackward0",
-     "tracked": True, "version_before": 0, "version_after": 0},
-    {"step": 5, "kind": "read", "storage": "S1", "tensor": "x", "op": "MulBackward0",
-     "tracked": True, "version_before": 0, "version_after": 0},
-    {"step": 6, "kind": "release", "storage": "S1", "tensor": "x"},
-    {"step": 6, "kind": "release", "storage": "S2", "tensor": "w"},
+    {"step": 1, "phase": "forward", "kind": "save", "storage": "S1", "tensor": "x", "op": None,
+     "grad_fn": "MulBackward0", "tracked": True, "version_before": 0, "version_after": 0,
+     "nbytes": 4, "shape": [1]},
+    {"step": 2, "phase": "forward", "kind": "save", "storage": "S2", "tensor": "w", "op": None,
+     "grad_fn": "MulBackward0", "tracked": True, "version_before": 0, "version_after": 0,
+     "nbytes": 4096, "shape": [1024]},
+    {"step": 3, "phase": "forward", "kind": "view", "storage": "S2", "tensor": "detach(w)",
+     "op": "detach", "detail": ".data or .detach(): own version counter"},
+    {"step": 4, "phase": "forward", "kind": "write", "storage": "S2", "tensor": "detach(w)",
+     "op": "add_", "tracked": False, "version_before": 0, "version_after": 0},
+    {"step": 5, "phase": "step", "kind": "step", "op": "sgd step"},
+    {"step": 6, "phase": "backward #1", "kind": "read", "storage": "S2", "tensor": "w",
+     "grad_fn": "MulBackward0", "tracked": True, "version_before": 0, "version_after": 0,
+     "changed": True, "saved_step": 2, "detail": "content CHANGED since save"},
+    {"step": 7, "phase": "backward #1", "kind": "read", "storage": "S1", "tensor": "x",
+     "grad_fn": "MulBackward0", "tracked": True, "version_before": 0, "version_after": 0,
+     "changed": False, "saved_step": 1},
+    {"step": 8, "phase": "release", "kind": "release", "storage": "S1"},
+    {"step": 9, "phase": "release", "kind": "release", "storage": "S2"},
 )
 
 
@@ -144,7 +148,13 @@ def test_html_has_summary_lanes_untracked_write_and_memory():
     assert html.count('<g class="lane" data-storage="S1">') == 1
     assert html.count('<g class="lane" data-storage="S2">') == 1
     assert html.count('class="event write untracked"') == 1
-    assert "UNTRACKED" in html and "4.0 KiB" in html and "8.0 KiB" in html
+    assert html.count('class="event read stale"') == 1  # the changed read; the other is fine
+    assert html.count('class="event read"') == 1
+    assert "UNTRACKED" in html and "STALE" in html
+    assert [p for p in ("forward", "step", "backward #1", "release")
+            if f'data-phase="{p}"' in html] == ["forward", "step", "backward #1", "release"]
+    assert "saved: keeps 4.0 KiB alive" in html  # w's saved storage, from the save's nbytes
+    assert "4.0 KiB" in html and "8.0 KiB" in html  # the memory figures
 
 
 def test_html_without_timeline_says_so_and_escapes_text():
@@ -217,6 +227,8 @@ def test_report_renders_in_headless_chromium_with_lanes_and_the_untracked_write(
     assert dom.count('class="lane" data-storage="S1"') == 1
     assert dom.count('class="lane" data-storage="S2"') == 1
     assert dom.count('class="event write untracked"') == 1
+    assert dom.count('class="event read stale"') == 1
+    assert 'data-phase="backward #1"' in dom
     assert 'data-kind="read"' in dom and 'data-kind="save"' in dom
     assert 'data-kind="release"' in dom and 'data-kind="view"' in dom
 
