@@ -37,27 +37,33 @@ class Event:
     op: str
 
 
+def ev(**fields) -> dict:
+    """An event with every key of the recorder's schema (equiv/timeline.py), None by default."""
+    base = dict.fromkeys(("step", "phase", "kind", "storage", "tensor", "op", "version_before",
+                          "version_after", "tracked", "grad_fn", "detail"))
+    return {**base, **fields}
+
+
 #: the stale-saved-value hazard: w is saved, written through .data (no version bump), read
 STALE = (
-    {"step": 1, "phase": "forward", "kind": "save", "storage": "S1", "tensor": "x", "op": None,
-     "grad_fn": "MulBackward0", "tracked": True, "version_before": 0, "version_after": 0,
-     "nbytes": 4, "shape": [1]},
-    {"step": 2, "phase": "forward", "kind": "save", "storage": "S2", "tensor": "w", "op": None,
-     "grad_fn": "MulBackward0", "tracked": True, "version_before": 0, "version_after": 0,
-     "nbytes": 4096, "shape": [1024]},
-    {"step": 3, "phase": "forward", "kind": "view", "storage": "S2", "tensor": "detach(w)",
-     "op": "detach", "detail": ".data or .detach(): own version counter"},
-    {"step": 4, "phase": "forward", "kind": "write", "storage": "S2", "tensor": "detach(w)",
-     "op": "add_", "tracked": False, "version_before": 0, "version_after": 0},
-    {"step": 5, "phase": "step", "kind": "step", "op": "sgd step"},
-    {"step": 6, "phase": "backward #1", "kind": "read", "storage": "S2", "tensor": "w",
-     "grad_fn": "MulBackward0", "tracked": True, "version_before": 0, "version_after": 0,
-     "changed": True, "saved_step": 2, "detail": "content CHANGED since save"},
-    {"step": 7, "phase": "backward #1", "kind": "read", "storage": "S1", "tensor": "x",
-     "grad_fn": "MulBackward0", "tracked": True, "version_before": 0, "version_after": 0,
-     "changed": False, "saved_step": 1},
-    {"step": 8, "phase": "release", "kind": "release", "storage": "S1"},
-    {"step": 9, "phase": "release", "kind": "release", "storage": "S2"},
+    ev(step=1, phase="forward", kind="save", storage="S1", tensor="x", grad_fn="MulBackward0",
+       tracked=True, version_before=0, version_after=0, nbytes=4, shape=[1]),
+    ev(step=2, phase="forward", kind="save", storage="S2", tensor="w", grad_fn="MulBackward0",
+       tracked=True, version_before=0, version_after=0, nbytes=4096, shape=[1024]),
+    ev(step=3, phase="forward", kind="view", storage="S2", tensor="detach(w)", op="detach",
+       detail=".data or .detach(): own version counter"),
+    ev(step=4, phase="forward", kind="write", storage="S2", tensor="detach(w)", op="add_",
+       tracked=False, version_before=0, version_after=0, arg_bumped=False, saved_watched=[2],
+       saved_bumped=[]),
+    ev(step=5, phase="step", kind="step", op="sgd step"),
+    ev(step=6, phase="backward #1", kind="read", storage="S2", tensor="w",
+       grad_fn="MulBackward0", tracked=True, version_before=0, version_after=0, changed=True,
+       saved_step=2, detail="content CHANGED since save (max |change| 0.5)"),
+    ev(step=7, phase="backward #1", kind="read", storage="S1", tensor="x",
+       grad_fn="MulBackward0", tracked=True, version_before=0, version_after=0, changed=False,
+       saved_step=1, detail="content unchanged"),
+    ev(step=8, phase="release", kind="release", storage="S1"),
+    ev(step=9, phase="release", kind="release", storage="S2"),
 )
 
 
@@ -125,10 +131,10 @@ def test_findings_without_timeline_or_compile_counts_are_tolerated():
 
 def test_dataclass_events_are_converted_to_dicts():
     """Timeline events given as dataclasses serialise like the dict form."""
-    f = finding_dict(stale_finding().__class__(check="gradients", headline="h",
-                                               timeline=(Event(1, "save", "S1", "w", "mul"),)))
-    assert f["timeline"] == [{"step": 1, "kind": "save", "storage": "S1", "tensor": "w",
-                              "op": "mul"}]
+    from equiv._results import _event
+
+    assert _event(Event(1, "save", "S1", "w", "mul")) == {
+        "step": 1, "kind": "save", "storage": "S1", "tensor": "w", "op": "mul"}
 
 
 # -- HTML -------------------------------------------------------------------------------------
@@ -256,3 +262,32 @@ def _count_colors(path: Path, colors: tuple) -> dict:
     pixels = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), width, bpp)
     rgb = pixels[..., :3].astype(np.int16)
     return {c: int((np.abs(rgb - np.array(c)) <= 12).all(-1).sum()) for c in colors}
+
+
+@pytest.mark.skipif("timeline" not in {f.name for f in dataclasses.fields(Finding)},
+                    reason="Finding has no timeline yet (the timeline recorder's issue)")
+def test_a_real_stale_saved_value_finding_draws_its_recorded_timeline(tmp_path):
+    """End to end: check() a kernel that overwrites its saved input through .data; the HTML
+    of its gradient finding has the storage lane, the untracked write and the stale read."""
+    import torch
+
+    import equiv
+    from equiv._results import run_one
+
+    def square_ref(x):
+        return x * x
+
+    @equiv.equivalent_to(square_ref, examples=[(torch.tensor([1.0], requires_grad=True),)])
+    def square_advance(x):
+        y = x * x
+        x.data.add_(1.0)
+        return y
+
+    result = run_one(square_advance.__equiv_spec__, "eager", "cpu", max_examples=3, seed=0)
+    doc = document([result], tool="test", profile="default", seed=0, modes=["eager"],
+                   devices=["cpu"], max_examples=3)
+    grads = [f for f in doc["results"][0]["findings"] if f["check"] == "gradients"]
+    assert grads and grads[0]["timeline"], "the gradient finding carries no timeline"
+    html = render_html(doc)
+    assert '<g class="lane" data-storage="S1">' in html
+    assert 'class="event write untracked"' in html and 'class="event read stale"' in html
