@@ -135,6 +135,14 @@ def _list(specs: list[Any], out: TextIO) -> None:
         print(f"  mutates:   {dict(s.mutates) or '{} (pure)'}", file=out)
         print(f"  inputs:    {'derived from the signature' if s.derived_inputs else 'given'}"
               f"; {len(s.examples)} explicit example(s); tolerance: {tol}", file=out)
+        if s.settings is not None:
+            plain = type(s.settings)()
+            own = {f: getattr(s.settings, f) for f in ("max_examples", "modes", "devices",
+                                                       "checks", "backward_repeats")
+                   if getattr(s.settings, f) != getattr(plain, f)}
+            if own:
+                shown = ", ".join(f"{k}={v!r}" for k, v in own.items())
+                print(f"  settings:  {shown} (from the decorator; wins over options)", file=out)
 
 
 def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO) -> int:

@@ -296,6 +296,8 @@ def test_devices_named_by_the_decorator_are_used(tmp_path):
     '''))
     code, out, _ = run("check", str(f), "--devices", "cpu", *QUICK)
     assert code == 0
+    listed = run("list", str(f))[1]
+    assert "  settings:  devices=('cpu', 'cuda') (from the decorator; wins over options)" in listed
     rows = [ln.split()[:4] for ln in out.splitlines() if ln.startswith("everywhere.neg")]
     cuda = "pass" if torch.cuda.is_available() else "skipped"
     assert rows == [["everywhere.neg", "eager", "cpu", "pass"],
