@@ -13,8 +13,10 @@ from equiv.errors import (
     OutputMismatch,
     ScheduleMismatch,
 )
+from equiv.checks.schedules import Schedule
 from equiv.examples import Args
-from equiv.report import Finding, Report
+from equiv.modes import Mode, compiled
+from equiv.report import Finding, ModeResult, Report
 from equiv.run import check
 from equiv.spec import Spec, equivalent_to, registry
 
@@ -30,12 +32,16 @@ __all__ = [
     "GradientMismatch",
     "InvalidArgument",
     "MemoryMismatch",
+    "Mode",
+    "ModeResult",
     "MutationMismatch",
     "OutputMismatch",
     "Report",
+    "Schedule",
     "ScheduleMismatch",
     "Spec",
     "check",
+    "compiled",
     "equivalent_to",
     "registry",
     "settings",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode  # private path, stable since 1.13
 
 tree_flatten = pytree.tree_flatten
 tree_unflatten = pytree.tree_unflatten
@@ -13,5 +14,118 @@ keystr = pytree.keystr
 TreeSpec = pytree.TreeSpec
 
 
+# -- custom Functions and torch.library custom ops (equiv.checks.function) -------------------
+def custom_function_node_type() -> type:
+    """The base class of the autograd nodes of Python ``autograd.Function``s (and of custom ops
+    with ``register_autograd``, which torch implements with a generated Function)."""
+    from torch.autograd.function import BackwardCFunction
+
+    return BackwardCFunction
+
+
+def op_types() -> tuple[type, type]:
+    """``(OpOverload, OpOverloadPacket)``: what ``torch.ops.ns.op[.overload]`` evaluates to."""
+    from torch._ops import OpOverload, OpOverloadPacket
+
+    return OpOverload, OpOverloadPacket
+
+
+def custom_op_overload(obj: Any) -> Any:
+    """The ``OpOverload`` behind a ``torch.library.custom_op`` object, an ``OpOverload`` or an
+    ``OpOverloadPacket`` with a ``default`` overload; ``None`` for anything else."""
+    overload_t, packet_t = op_types()
+    if isinstance(obj, overload_t):
+        return obj
+    if isinstance(obj, packet_t):
+        return getattr(obj, "default", None)
+    try:
+        from torch._library.custom_ops import CustomOpDef
+    except ImportError:  # pragma: no cover - torch without torch.library.custom_op
+        return None
+    if isinstance(obj, CustomOpDef):
+        return obj._opoverload
+    return None
+
+
+def op_schema(overload: Any) -> Any:
+    return overload._schema
+
+
 def is_leaf_none(x: Any) -> bool:
     return x is None
+
+
+# -- torch.compile internals (imported lazily: ``import equiv`` must not load Dynamo) -----------
+def dynamo() -> Any:
+    """``torch._dynamo``, imported on first use by a compile mode."""
+    import torch._dynamo
+
+    return torch._dynamo
+
+
+def lookup_backend(name: str) -> Any:
+    from equiv.errors import InvalidArgument
+
+    d = dynamo()
+    try:
+        return d.lookup_backend(name)
+    except d.exc.InvalidBackend:
+        raise InvalidArgument(
+            f"compile[{name}]: {name!r} is not a torch.compile backend; available here: "
+            f"{sorted(d.list_backends())} (or pass a callable: equiv.compiled(my_backend))."
+        ) from None
+
+
+def graph_break_counter() -> dict[str, int]:
+    """Dynamo's running count of graph breaks by reason (not cleared by ``reset``)."""
+    from torch._dynamo.utils import counters
+
+    return dict(counters["graph_break"])
+
+
+def dynamo_config_patch(recompile_limit: int) -> Any:
+    """Raise the recompile limit and make hitting it an exception instead of a silent eager
+    fallback (``fail_on_recompile_limit_hit`` exists from torch 2.6; older versions fall back
+    to the warning only, and the runner detects the fallback by counting compilations)."""
+    config = dynamo().config
+    changes: dict[str, Any] = {}
+    if hasattr(config, "recompile_limit"):
+        changes["recompile_limit"] = recompile_limit
+    else:  # torch < 2.6
+        changes["cache_size_limit"] = recompile_limit
+    if hasattr(config, "accumulated_recompile_limit"):
+        changes["accumulated_recompile_limit"] = max(256, 4 * recompile_limit)
+    elif hasattr(config, "accumulated_cache_size_limit"):
+        changes["accumulated_cache_size_limit"] = max(256, 4 * recompile_limit)
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        changes["fail_on_recompile_limit_hit"] = True
+    return config.patch(**changes)
+
+
+def functorch_config_patch() -> Any:
+    """Switch off donated buffers so that ``retain_graph=True`` through a compiled backward is
+    tested rather than refused (``torch._functorch.config.donated_buffer``, torch >= 2.6)."""
+    import contextlib
+
+    import torch._functorch.config as fconfig
+
+    if hasattr(fconfig, "donated_buffer"):
+        return fconfig.patch(donated_buffer=False)
+    return contextlib.nullcontext()
+
+
+def recompile_limit_error() -> tuple[type[BaseException], ...]:
+    exc = getattr(dynamo().exc, "FailOnRecompileLimitHit", None)
+    return (exc,) if exc is not None else ()
+
+
+def compile_wrapper_errors() -> tuple[type[BaseException], ...]:
+    """Dynamo exceptions that wrap a user-level error (unwrapped for error parity)."""
+    import sys
+
+    mod = sys.modules.get("torch._dynamo.exc")
+    if mod is None:  # Dynamo never ran: nothing can be wrapped
+        return ()
+    names = ("TorchRuntimeError", "BackendCompilerFailed", "InternalTorchDynamoError")
+    return tuple(getattr(mod, n) for n in names if hasattr(mod, n))
+

@@ -86,4 +86,8 @@ FAILURE_CLASSES: dict[str, type[EquivalenceFailure]] = {
     "error-parity": ErrorMismatch,
     "schedule": ScheduleMismatch,
     "memory": MemoryMismatch,
+    # custom autograd.Functions and torch.library custom ops (equiv.checks.function)
+    "mark-dirty": GradientMismatch,
+    "needs-input-grad": GradientMismatch,
+    "double-backward": GradientMismatch,
 }

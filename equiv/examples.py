@@ -166,15 +166,18 @@ class Template:
 
     # -- building sides -------------------------------------------------------------------
     def instantiate(self, *, grad: bool = True, device: torch.device | str | None = None,
-                    shuffled: bool = False) -> "Side":
+                    dtype: torch.dtype | None = None, shuffled: bool = False) -> "Side":
         """Fresh tensors with this example's structure (leaves for gradients when ``grad``).
 
         ``shuffled`` reverses each storage's values: same structure and value set, other values.
+        ``dtype`` converts the floating-point storages (a float64 reference, for instance).
         """
         leaves: list[torch.Tensor | None] = []
         group_args: list[torch.Tensor] = []
         for g in self.groups:
             values = g.values if device is None else g.values.to(device)
+            if dtype is not None and values.dtype.is_floating_point:
+                values = values.to(dtype)
             if shuffled:
                 values = values.flip(0)
             rg = grad and g.requires_grad

@@ -34,6 +34,11 @@ class Finding:
     fix: str | None = None
     traceback: str | None = None
     reproduce: str = ""
+    #: for a non-eager mode: whether eager, and the reference in this mode, diverge too
+    attribution: str | None = None
+    #: events of the implementation's run under the timeline recorder (JSON-able dicts);
+    #: derived evidence, so left out of ==/hash (a Finding stays hashable)
+    timeline: tuple[dict[str, Any], ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def failure_class(self) -> type[EquivalenceFailure]:
@@ -76,6 +81,14 @@ class Finding:
         if self.example_code:
             lines.append("  As code:")
             lines.extend("    " + ln for ln in self.example_code.splitlines())
+        if self.attribution:
+            lines.append(f"Attribution: {self.attribution}")
+        if self.timeline:
+            from equiv.timeline import render as render_timeline
+
+            lines.append("Timeline (implementation, replayed under the recorder):")
+            text = render_timeline(self.timeline, max_events=80)
+            lines.extend("  " + ln for ln in text.splitlines())
         if self.likely_cause:
             lines.append(f"Likely cause: {self.likely_cause}")
         if self.fix:
@@ -87,7 +100,34 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["kind"] = self.kind
+        d["timeline"] = [dict(e) for e in self.timeline]
         return d
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeResult:
+    """What one (mode, device) actually did: ``status`` is one of ``passed``, ``FAIL``,
+    ``flaky`` (findings that did not reproduce on replay; still findings), ``not compiled`` (a
+    compile mode that fell back to eager or captured no graph: never a pass) or ``skipped``
+    (device unavailable, transform unsupported), with the reason and, for compile modes, the
+    compilation and graph-break counts."""
+
+    mode: str
+    device: str
+    status: str
+    examples: int = 0
+    reason: str = ""
+    compilations: int | None = None
+    graph_breaks: int | None = None
+    break_reasons: tuple[str, ...] = ()
+    info: str = ""
+
+    def render(self) -> str:
+        text = f"{self.mode} on {self.device}: {self.status} ({self.examples} examples"
+        text += f"; {self.info})" if self.info else ")"
+        if self.reason:
+            text += f": {self.reason}"
+        return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +147,8 @@ class Report:
     checks: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     settings: str = ""
+    #: per (mode, device): passed / FAIL / not compiled / skipped, with compile counts
+    runs: tuple[ModeResult, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -126,6 +168,7 @@ class Report:
         parts = [self.headline()]
         if self.settings:
             parts.append(f"  settings: {self.settings}")
+        parts.extend(f"  mode {r.render()}" for r in self.runs)
         parts.extend(f"  note: {n}" for n in self.notes)
         for i, f in enumerate(self.findings, 1):
             parts.append("")
@@ -140,6 +183,7 @@ class Report:
         d = dataclasses.asdict(self)
         d["ok"] = self.ok
         d["findings"] = [f.to_dict() for f in self.findings]
+        d["runs"] = [dataclasses.asdict(r) for r in self.runs]
         d["schema"] = "equiv.report/1"
         return d
 

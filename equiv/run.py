@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any, Callable
 
@@ -14,19 +15,21 @@ from equiv._settings import settings as Settings
 from equiv.checks.core import Outcome, run_example
 from equiv.errors import InvalidArgument
 from equiv.examples import as_args
-from equiv.report import Finding, Report
+from equiv.modes import MODE_NAMES, Mode, ModeRun, NotCompiled, device_unavailable, parse_mode
+from equiv.report import Finding, ModeResult, Report
 from equiv.spec import Spec, get_spec
 
-KNOWN_MODES = ("eager",)
+KNOWN_MODES = MODE_NAMES
 
 
 class _Found(Exception):
     """Internal: an example produced findings (one subclass per check, so Hypothesis tracks
     distinct bugs separately and shrinks each)."""
 
-    def __init__(self, findings: list[Finding]) -> None:
+    def __init__(self, findings: list[Finding], example: Any = None, cot_seed: int = 0) -> None:
         super().__init__(findings[0].headline)
         self.findings = findings
+        self.example, self.cot_seed = example, cot_seed  # for attribution and replay
 
 
 _SIGNALS: dict[str, type[_Found]] = {}
@@ -65,35 +68,115 @@ def _resolve(spec: Spec, cfg: Settings | None, **overrides: Any) -> Settings:
 def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: int | None = None,
           settings: Settings | None = None, checks: tuple[str, ...] | None = None,
           modes: tuple[str, ...] | None = None, devices: tuple[str, ...] | None = None,
+          reference_device: str | None = None, reference_dtype: Any = None,
           raise_on_failure: bool = True) -> Report:
     """Run every applicable check of ``impl``'s spec and return the :class:`Report`.
 
     Raises :class:`equiv.EquivalenceFailure` (an ``AssertionError``; the most specific subclass,
     e.g. ``GradientMismatch``) carrying ``.report`` when anything diverges, unless
     ``raise_on_failure=False``.
+
+    ``modes`` are stable names (``"eager"``, ``"compile[aot_eager]"``, ``"functionalize"``,
+    ``"vmap"``...) or :func:`equiv.compiled` objects; ``devices`` are run when available and
+    skipped with a reason otherwise. ``reference_device``/``reference_dtype`` run the reference
+    elsewhere (e.g. ``"cpu"``, ``torch.float64``) and compare its results at the
+    implementation's dtype and device, with that dtype's default tolerance.
     """
     spec = get_spec(impl)
     cfg = _resolve(spec, settings, max_examples=max_examples, seed=seed, checks=checks,
                    modes=modes, devices=devices)
-    for mode in cfg.modes:
-        if mode not in KNOWN_MODES:
-            raise InvalidArgument(
-                f"unknown mode {mode!r}; available modes: {list(KNOWN_MODES)}."
-            )
+    mode_objs = [parse_mode(m) for m in cfg.modes]  # unknown names: InvalidArgument here
+    reference = _reference_placement(reference_device, reference_dtype)
     run_seed = cfg.seed if cfg.seed is not None else (
         None if cfg.derandomize else random.SystemRandom().randrange(2**32))
-    stats = {"runs": 0, "invalid": 0, "first_failure": 0}
+    findings: list[Finding] = []
     notes: list[str] = []
+    runs: list[ModeResult] = []
+    stats = {"runs": 0, "invalid": 0, "first_failure": 0}
+    available = []
+    for device in cfg.devices:
+        why = device_unavailable(device)
+        if why is None:
+            available.append(device)
+        else:
+            runs.extend(ModeResult(m.name, device, "skipped", reason=why) for m in mode_objs)
+    if not available:
+        raise InvalidArgument(
+            f"every requested device was skipped ({'; '.join(r.reason for r in runs[:1])}): "
+            f"nothing ran, which is not a pass. Request an available device, e.g. "
+            f"devices=('cpu',), instead of devices={tuple(cfg.devices)!r}."
+        )
+    for device in available:
+        for mode in mode_objs:
+            f, n, r = _run_mode(spec, cfg, mode, device, run_seed, stats, reference)
+            findings.extend(f)
+            notes.extend(x for x in n if x not in notes)
+            runs.append(r)
+
+    if reference != (None, None):
+        notes.insert(0, f"reference run on {reference[0] or 'the same device'} in "
+                        f"{reference[1] or 'the example dtype'}; compared at the implementation's "
+                        "dtype and device with that dtype's tolerance")
+    report = Report(
+        spec=spec.name, implementation=spec.implementation, reference=spec.reference,
+        findings=tuple(_dedupe(findings)), seed=run_seed, examples_run=stats["runs"],
+        invalid_examples=stats["invalid"], first_failure_at=stats["first_failure"] or None,
+        modes=tuple(m.name for m in mode_objs),
+        devices=cfg.devices, checks=cfg.checks, notes=tuple(notes), settings=cfg.summary(),
+        runs=tuple(runs),
+    )
+    if raise_on_failure:
+        report.raise_if_failed()
+    return report
+
+
+def _reference_placement(device: Any, dtype: Any) -> tuple[str | None, Any]:
+    import torch
+
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise InvalidArgument(f"check(reference_dtype={dtype!r}): give a floating torch.dtype, "
+                              "e.g. torch.float64.")
+    if device is not None:
+        why = device_unavailable(str(device))
+        if why is not None:
+            raise InvalidArgument(f"check(reference_device={device!r}): {why}.")
+        device = str(device)
+    return device, dtype
+
+
+def _mode_settings(cfg: Settings, mode: Mode) -> Settings:
+    if mode.kind == "functionalize":
+        from equiv.modes import _FUNCTIONALIZE_CHECKS
+
+        kept = tuple(c for c in cfg.checks if c in _FUNCTIONALIZE_CHECKS)
+        return Settings(cfg, checks=kept or ("forward",))
+    return cfg
+
+
+def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int | None,
+              stats: dict[str, int], reference: tuple[str | None, Any] = (None, None),
+              ) -> tuple[list[Finding], list[str], ModeResult]:
+    """Drive Hypothesis over the examples of one (mode, device)."""
+    state = ModeRun(mode, spec.impl, spec.ref)
+    state.ref_device, state.ref_dtype = reference
+    mcfg = _mode_settings(cfg, mode)
+    notes: list[str] = []
+    if mode.kind == "functionalize":
+        notes.append("functionalize: gradients are not compared in this mode (functionalize "
+                     "does not compose with autograd on mutated inputs)")
     last_invalid: list[str] = []
-    mode, device = "eager", "cpu"
 
     def body(example: Any, cot_seed: int) -> None:
+        if state.not_compiled is not None or state.unsupported is not None:
+            return  # the mode stopped: nothing more is checked (reported, never a pass)
         try:
             args = as_args(example)
         except TypeError as e:
             raise _Abort(InvalidArgument(f"equivalent_to(inputs=...) produced a bad example: {e}"))
         try:
-            outcome: Outcome = run_example(spec, args, cot_seed, cfg, mode=mode, device=device)
+            outcome: Outcome = _execute(spec, args, cot_seed, mcfg, state, device)
+        except NotCompiled:
+            return
         except InvalidArgument as e:
             raise _Abort(e) from None
         stats["runs"] += 1
@@ -104,6 +187,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
             stats["invalid"] += 1
             last_invalid[:] = [outcome.invalid]
             hypothesis.reject()
+        state.examples += 1
         if outcome.findings:
             stats["first_failure"] = stats["first_failure"] or stats["runs"]
             template = outcome.template
@@ -117,7 +201,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
                 _with(f, example=example_text, example_code=code, reproduce=reproduce)
                 for f in outcome.findings
             ]
-            raise _signal(findings[0].check)(findings)
+            raise _signal(findings[0].check)(findings, args, cot_seed)
 
     strategy = st.tuples(spec.inputs, st.integers(0, 2**31 - 1))
 
@@ -143,56 +227,143 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
         wrapped = hypothesis.seed(run_seed)(wrapped)
     wrapped = hyp(wrapped)
     wrapped.hypothesis.inner_test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
-        spec.name.encode()
+        f"{spec.name}|{mode.name}|{device}".encode()
     )
 
+    found: list[_Found] = []
     findings: list[Finding] = []
-    try:
-        wrapped()
-    except _Found as e:
-        findings.extend(e.findings)
-    except _Abort as e:
-        raise e.error from None
-    except FlakyFailure as e:
-        first = [f for x in e.exceptions if isinstance(x, _Found) for f in x.findings]
+    with state.context():
+        try:
+            wrapped()
+        except _Found as e:
+            found.append(e)
+        except _Abort as e:
+            raise e.error from None
+        except FlakyFailure as e:  # before BaseExceptionGroup: FlakyFailure is one
+            first = [f for x in e.exceptions if isinstance(x, _Found) for f in x.findings]
+            findings.append(Finding(
+                check="flaky", headline="the result is flaky: an example failed once and "
+                "passed when replayed (nondeterminism in the implementation or reference).",
+                spec=spec.name, implementation=spec.implementation, reference=spec.reference,
+                mode=mode.name, device=device,
+                details="\n".join(["on its first run the example gave:"]
+                                   + [f"  {f.kind}: {f.headline}" for f in first]) if first
+                else str(e)[:500],
+                example=first[0].example if first else "",
+                reproduce=first[0].reproduce if first else ""))
+        except BaseExceptionGroup as group:  # several distinct bugs
+            for exc in group.exceptions:
+                if isinstance(exc, _Found):
+                    found.append(exc)
+                elif isinstance(exc, _Abort):
+                    raise exc.error from None
+                else:
+                    raise
+        except Unsatisfiable:
+            raise InvalidArgument(
+                f"no valid example for {spec.implementation}: the reference raised on every "
+                f"drawn example (last: {last_invalid[0] if last_invalid else '?'}). Make inputs= "
+                "draw inputs the reference accepts."
+            ) from None
+        for e in found:
+            findings.extend(_attribute(spec, mcfg, state, device, e, notes))
+    if state.not_compiled is not None:
         findings.append(Finding(
-            check="flaky", headline="the result is flaky: an example failed once and "
-            "passed when replayed (nondeterminism in the implementation or reference).",
+            check="not-compiled",
+            headline=f"mode {mode.name} stopped compiling: {state.not_compiled}. Examples after "
+                     "that point were not checked in this mode; this is not a pass.",
             spec=spec.name, implementation=spec.implementation, reference=spec.reference,
-            details="\n".join(["on its first run the example gave:"]
-                               + [f"  {f.kind}: {f.headline}" for f in first]) if first
-            else str(e)[:500],
-            example=first[0].example if first else "",
-            reproduce=first[0].reproduce if first else ""))
-    except BaseExceptionGroup as group:  # several distinct bugs
-        for exc in group.exceptions:
-            if isinstance(exc, _Found):
-                findings.extend(exc.findings)
-            elif isinstance(exc, _Abort):
-                raise exc.error from None
-            else:
-                raise
-    except Unsatisfiable:
-        raise InvalidArgument(
-            f"no valid example for {spec.implementation}: the reference raised on every drawn "
-            f"example (last: {last_invalid[0] if last_invalid else '?'}). Make inputs= draw "
-            "inputs the reference accepts."
-        ) from None
-    report = Report(
-        spec=spec.name, implementation=spec.implementation, reference=spec.reference,
-        findings=tuple(_dedupe(findings)), seed=run_seed, examples_run=stats["runs"],
-        invalid_examples=stats["invalid"], first_failure_at=stats["first_failure"] or None,
-        modes=cfg.modes, devices=cfg.devices,
-        checks=cfg.checks, notes=tuple(notes), settings=cfg.summary(),
+            mode=mode.name, device=device,
+            fix="use dynamic shapes (equiv.compiled(..., dynamic=True)), fewer distinct shapes "
+                "in inputs=, or a higher equiv.compiled(..., recompile_limit=N).",
+        ))
+    failed = any(f.check != "not-compiled" for f in findings)
+    status = state.status(failed)
+    if status == "FAIL" and all(f.attribution == FLAKY or f.check == "flaky" for f in findings
+                                if f.check != "not-compiled"):
+        status = "flaky"
+    info = state.info()
+    result = ModeResult(
+        mode.name, device, status, state.examples, "" if status == "FAIL" else state.reason(),
+        compilations=state.compilations["impl"] if mode.is_compile else None,
+        graph_breaks=sum(state.graph_breaks.values()) if mode.is_compile else None,
+        break_reasons=tuple(state.graph_breaks), info=info,
     )
-    if raise_on_failure:
-        report.raise_if_failed()
-    return report
+    return findings, notes, result
+
+
+FLAKY = ("flaky: the minimal example did not reproduce this finding when replayed. Look for "
+         "nondeterminism (CUDA atomics, RNG, uninitialised memory) or state carried between "
+         "calls (a cache, a reused workspace).")
+
+
+def _execute(spec: Spec, args: Any, cot_seed: int, cfg: Settings, state: ModeRun,
+             device: str) -> Outcome:
+    """One example in one mode."""
+    mode = state.mode
+    if mode.kind in ("vmap", "jvp"):
+        from equiv.checks import transforms
+
+        run = (transforms.run_transform_example if mode.kind == "vmap"
+               else transforms.run_jvp_example)
+        return run(spec, args, cot_seed, cfg, state, device)
+    return run_example(spec, args, cot_seed, cfg, mode=mode.name, device=device,
+                       impl_fn=state.impl_fn(), ref_device=state.ref_device,
+                       ref_dtype=state.ref_dtype)
+
+
+def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str, found: "_Found",
+               notes: list[str]) -> list[Finding]:
+    """Replay the minimal example: a finding that does not reproduce is marked flaky (kept: it
+    did diverge once, and state carried between calls is a bug too; the mode's status says
+    'flaky' instead of 'FAIL'); for a non-eager mode, say whether eager and the reference in this
+    mode diverge."""
+    mode = state.mode
+    findings = found.findings
+    if found.example is None:
+        return findings
+    try:
+        again = _execute(spec, found.example, found.cot_seed, cfg, state, device)
+    except (NotCompiled, InvalidArgument):
+        return findings
+    if not {f.check for f in again.findings} & {f.check for f in findings}:
+        state.flaky = True
+        return [_with(f, attribution=FLAKY) for f in findings]
+    if mode.kind == "eager":
+        return findings
+    eager = run_example(spec, found.example, found.cot_seed, cfg, mode="eager", device=device,
+                        ref_device=state.ref_device, ref_dtype=state.ref_dtype)
+    eager_checks = {f.check for f in eager.findings}
+    ref_diverges: set[str] = set()
+    if mode.kind in ("compile", "functionalize"):
+        ref_spec = dataclasses.replace(spec, impl=spec.ref, mutates={})
+        try:
+            ref_out = run_example(ref_spec, found.example, found.cot_seed, cfg, mode=mode.name,
+                                  device=device, impl_fn=state.ref_fn())
+            ref_diverges = {f.check for f in ref_out.findings}
+        except (NotCompiled, InvalidArgument):
+            pass
+    out = []
+    for f in findings:
+        if f.check in eager_checks:
+            text = (f"the implementation fails this check in eager mode too on this example: "
+                    f"not specific to {mode.name}.")
+        elif ref_diverges:
+            text = (f"the compiler diverges from eager on this program (not specific to your "
+                    f"implementation): the reference run under {mode.name} also differs from "
+                    f"the eager reference on this example ({', '.join(sorted(ref_diverges))}).")
+        elif mode.kind in ("compile", "functionalize"):
+            text = (f"only the implementation under {mode.name} diverges: in eager mode it "
+                    f"agrees with the reference on this example, and the reference under "
+                    f"{mode.name} agrees with the eager reference.")
+        else:
+            text = (f"only under {mode.name}: in eager mode the implementation agrees with the "
+                    "reference on this example.")
+        out.append(_with(f, attribution=text))
+    return out
 
 
 def _with(f: Finding, **changes: Any) -> Finding:
-    import dataclasses
-
     return dataclasses.replace(f, **changes)
 
 

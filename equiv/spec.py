@@ -31,6 +31,11 @@ class Spec:
     settings: Settings | None
     signature: inspect.Signature
     derived_inputs: bool
+    # hazardous schedules and memory (equiv.checks.schedules, equiv.memory)
+    schedules: tuple[Any, ...] = ()
+    parameters: tuple[str, ...] = ()
+    max_memory_ratio: float | None = None
+    max_retained_bytes: int | None = None
 
     @property
     def implementation(self) -> str:
@@ -54,7 +59,9 @@ def registry() -> dict[str, Spec]:
 
 
 def get_spec(impl: Any) -> Spec:
-    spec = getattr(impl, "__equiv_spec__", None)
+    from equiv.checks.function import own_spec  # Function subclasses, Fn.apply, custom ops
+
+    spec = own_spec(impl, _REGISTRY.values())
     if isinstance(spec, Spec):
         return spec
     if isinstance(impl, Spec):
@@ -75,6 +82,10 @@ def equivalent_to(
     atol: float | None = None,
     settings: Settings | None = None,
     name: str | None = None,
+    schedules: Sequence[Any] = (),
+    parameters: Sequence[str] = (),
+    max_memory_ratio: float | None = None,
+    max_retained_bytes: int | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
 
@@ -83,6 +94,10 @@ def equivalent_to(
     must stay bitwise unchanged. ``inputs`` is a Hypothesis strategy of argument tuples (or
     ``equiv.Args``); when omitted, inputs are derived from the signature. ``examples`` always run
     first. ``rtol``/``atol`` override the dtype's default tolerance (give both or neither).
+    ``schedules`` adds :class:`equiv.Schedule` scripts (with their expected outcome) to the
+    built-in hazardous schedules; ``parameters`` names the arguments an optimizer steps.
+    ``max_memory_ratio`` (implementation peak / reference peak) and ``max_retained_bytes`` (bytes
+    the graph keeps alive after forward) make a memory contract.
     Returns the implementation unchanged, with ``__equiv_spec__`` attached.
     """
     if not callable(ref):
@@ -119,11 +134,17 @@ def equivalent_to(
         _validate_ref_signature(ref, sig, impl)
         strategy, derived = _resolve_inputs(inputs, sig, impl)
         exs = _validate_examples(examples, sig, impl)
+        from equiv.checks.schedules import validate_options
+
+        scheds, params = validate_options(sig, _qualname(impl), schedules, parameters,
+                                          max_memory_ratio, max_retained_bytes)
         spec = Spec(
-            impl=impl, ref=ref, name=name or _qualname(impl), mutates=contract, inputs=strategy,
-            examples=exs, rtol=None if rtol is None else float(rtol),
+            impl=target, ref=ref, name=name or _qualname(target), mutates=contract,
+            inputs=strategy, examples=exs, rtol=None if rtol is None else float(rtol),
             atol=None if atol is None else float(atol), settings=settings, signature=sig,
-            derived_inputs=derived,
+            derived_inputs=derived, schedules=scheds, parameters=params,
+            max_memory_ratio=None if max_memory_ratio is None else float(max_memory_ratio),
+            max_retained_bytes=max_retained_bytes,
         )
         try:
             impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
@@ -139,10 +160,11 @@ def equivalent_to(
 
 
 def _callable_target(impl: Any) -> Any:
-    apply = getattr(impl, "apply", None)
-    if isinstance(impl, type) and apply is not None:  # an autograd.Function subclass
-        return apply
-    return impl
+    """What equiv calls: ``Fn.apply`` for an autograd.Function subclass, the op for a custom op
+    (each with a usable signature), else ``impl`` itself."""
+    from equiv.checks.function import callable_for
+
+    return callable_for(impl)
 
 
 def _validate_mutates(mutates: Any, sig: inspect.Signature, impl: Any) -> dict[str, Location]:

@@ -41,7 +41,8 @@ class SiLUInPlace(torch.autograd.Function):
         return x
 
     @staticmethod
-    def backward(ctx, grad):
+    @torch.autograd.function.once_differentiable  # s was saved without history: double backward
+    def backward(ctx, grad):                      # through it would be silently wrong, so say so
         s, y = ctx.saved_tensors
         return grad * (s + y * (1 - s))
 

@@ -529,12 +529,20 @@ def test_several_distinct_findings_are_all_reported():
 # --------------------------------------------------------------------------- flakiness
 def test_a_nondeterministic_implementation_is_reported_as_flaky():
     """A failure that does not reproduce on replay is a 'flaky' finding, not a plain pass."""
-    calls = {"n": 0}
+    seen: list[tuple[float, ...]] = []
+    fired = {"once": False}
 
     @equivalent_to(lambda x: x * 2, inputs=one(requires_grad=False))
     def sometimes_wrong(x):
-        calls["n"] += 1
-        return x * 2 + (1.0 if calls["n"] == 3 else 0.0)  # only the 2nd example
+        # wrong exactly once: on the first call with the 2nd example's values (their multiset,
+        # so the shuffled stability call and any extra call on one example count as the same),
+        # however many times equiv calls the implementation per example
+        key = tuple(sorted(x.flatten().tolist()))
+        if key not in seen:
+            seen.append(key)
+        wrong = len(seen) == 2 and not fired["once"]
+        fired["once"] |= wrong
+        return x * 2 + (1.0 if wrong else 0.0)
 
     report = equiv.check(sometimes_wrong, settings=FAST, raise_on_failure=False)
     assert not report.ok

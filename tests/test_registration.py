@@ -134,8 +134,10 @@ def test_public_surface():
     assert sorted(equiv.__all__) == sorted([
         "Args", "AliasingMismatch", "EquivError", "EquivalenceFailure", "ErrorMismatch",
         "Finding", "GradientMismatch", "InvalidArgument", "MemoryMismatch", "MutationMismatch",
-        "OutputMismatch", "Report", "ScheduleMismatch", "Spec", "check", "equivalent_to",
+        "OutputMismatch", "Report", "Schedule", "ScheduleMismatch", "Spec", "check",
+        "equivalent_to",
         "registry", "settings",
+        "Mode", "ModeResult", "compiled",  # execution modes (issue 5)
     ])
     for name in equiv.__all__:
         assert getattr(equiv, name).__module__.startswith("equiv")

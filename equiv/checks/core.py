@@ -19,6 +19,7 @@ from equiv._settings import settings as Settings
 from equiv.compare import Mismatch, compare_leaf, compare_trees
 from equiv.errors import InvalidArgument
 from equiv.examples import Args, Side, Template
+from equiv.modes import normalise_error
 from equiv.report import Finding
 from equiv.spec import Spec
 
@@ -51,7 +52,7 @@ def _call(fn: Callable[..., Any], side: Side) -> tuple[Any, BaseException | None
         with torch.enable_grad():
             return side.call(fn), None
     except Exception as e:  # the user's code raised: evidence, never a crash of equiv
-        return None, e
+        return None, normalise_error(e)
 
 
 def _is_diff(t: Any) -> bool:
@@ -71,8 +72,18 @@ def _storage_key(t: torch.Tensor) -> tuple[Any, int] | None:
 
 
 class _Run:
-    def __init__(self, spec: Spec, cfg: Settings, cot_seed: int, mode: str, device: str) -> None:
+    def __init__(self, spec: Spec, cfg: Settings, cot_seed: int, mode: str, device: str,
+                 impl_fn: Callable[..., Any] | None = None,
+                 ref_fn: Callable[..., Any] | None = None, ref_device: str | None = None,
+                 ref_dtype: torch.dtype | None = None) -> None:
         self.spec, self.cfg, self.cot_seed, self.mode, self.device = spec, cfg, cot_seed, mode, device
+        # how each side is executed in this mode (equiv.modes); eager: as written
+        self.impl_fn = impl_fn if impl_fn is not None else spec.impl
+        self.ref_fn = ref_fn if ref_fn is not None else spec.ref
+        # the reference may run elsewhere (e.g. float64 on CPU); its results are then compared
+        # at the implementation's dtype and device, with that dtype's tolerance
+        self.ref_device, self.ref_dtype = ref_device, ref_dtype
+        self.cross = ref_device is not None or ref_dtype is not None
         self.findings: list[Finding] = []
         self.notes: list[str] = []
         self.template: Template | None = None
@@ -104,14 +115,16 @@ class _Run:
         spec = self.spec
         template = Template(spec.signature, example, spec.mutates.keys())
         self.template = template
-        ref_side = template.instantiate()
+        ref_side = template.instantiate(device=self.ref_device or self.device,
+                                        dtype=self.ref_dtype)
         ref_before, ref_versions = ref_side.snapshot(), ref_side.versions()
-        ref_result, ref_exc = _call(spec.ref, ref_side)
+        ref_result, ref_exc = _call(self.ref_fn, ref_side)
         if ref_exc is None:
             self._check_reference_pure(ref_side, ref_before, ref_versions)
-        impl_side = template.instantiate()
+        impl_side = template.instantiate(device=self.device)
         impl_versions = impl_side.versions()
-        impl_result, impl_exc = _call(spec.impl, impl_side)
+        impl_result, impl_exc = _call(self.impl_fn, impl_side)
+        where = "" if self.mode == "eager" else f" under {self.mode}"
 
         if ref_exc is not None:
             if impl_exc is not None and isinstance(impl_exc, type(ref_exc)):
@@ -121,7 +134,8 @@ class _Run:
                    else f"raised {type(impl_exc).__name__}: {str(impl_exc)[:300]}")
             self.finding(
                 "error-parity",
-                f"the reference raised {type(ref_exc).__name__} but the implementation {got}.",
+                f"the reference raised {type(ref_exc).__name__} but the implementation{where} "
+                f"{got}.",
                 details=f"reference error: {type(ref_exc).__name__}: {str(ref_exc)[:300]}",
                 tb=_format_tb(impl_exc) if impl_exc is not None else None,
                 fix="reject this input in the implementation the way the reference does, or "
@@ -136,8 +150,8 @@ class _Run:
                        "reference's result>}, or write into a copy.")
             self.finding(
                 "error-parity",
-                f"the implementation raised {type(impl_exc).__name__} where the reference "
-                "returned normally.",
+                f"the implementation{where} raised {type(impl_exc).__name__} where the "
+                "reference returned normally.",
                 details=f"{type(impl_exc).__name__}: {str(impl_exc)[:400]}",
                 tb=_format_tb(impl_exc), fix=fix,
             )
@@ -147,12 +161,21 @@ class _Run:
             expected_out, finals, consumed = self._split(ref_result)
         except ReferenceError_:
             raise
+        ref_result_raw = ref_result
+        if self.cross:
+            expected_out = _cast_like(expected_out, impl_result)
+            finals = {a: _cast_like(f, impl_side.argument(a)) for a, f in finals.items()}
+            ref_result = expected_out
         out_snapshot = _detached_clone(impl_result)
         self._check_forward(impl_result, expected_out, consumed)
         self._check_mutation(impl_side, impl_versions, finals)
-        self._check_aliasing(impl_side, impl_result, ref_side, ref_result)
+        self._check_aliasing(impl_side, impl_result, ref_side, ref_result_raw)
         self._check_gradients(impl_side, impl_result, ref_side, ref_result, finals, consumed)
+        from equiv.checks.function import check_functions  # custom Functions and ops (issue 6)
+        check_functions(self, impl_side, impl_result, ref_side, ref_result, finals, consumed)
         self._check_stability(impl_result, out_snapshot)
+        from equiv.checks.schedules import run_schedules  # schedules + memory (equiv.timeline)
+        run_schedules(self)
         return self._outcome()
 
     def _outcome(self, invalid: str | None = None) -> Outcome:
@@ -212,7 +235,7 @@ class _Run:
                         finals: dict[str, Any]) -> None:
         template = self.template
         assert template is not None
-        expected = template.instantiate(grad=False)
+        expected = template.instantiate(grad=False, device=self.device)
         with torch.no_grad():
             for arg, final in finals.items():
                 target = expected.argument(arg)
@@ -365,6 +388,14 @@ class _Run:
 
     def _check_gradients(self, impl_side: Side, impl_out: Any, ref_side: Side, ref_out: Any,
                          finals: dict[str, Any], consumed: bool) -> None:
+        n = len(self.findings)
+        self._check_gradients_once(impl_side, impl_out, ref_side, ref_out, finals, consumed)
+        if len(self.findings) > n:  # replay under the recorder: timeline + likely cause
+            from equiv.timeline import explain_findings
+            explain_findings(self, n)
+
+    def _check_gradients_once(self, impl_side: Side, impl_out: Any, ref_side: Side, ref_out: Any,
+                              finals: dict[str, Any], consumed: bool) -> None:
         if not {"gradients", "repeated-backward"} & set(self.cfg.checks):
             return
         template = self.template
@@ -382,6 +413,8 @@ class _Run:
         r_leaves = [ref_side.leaves[g.index] for g in groups]
 
         ref1, err = _vjp(r_outs, r_leaves, cot1)
+        if err is None and self.cross:
+            ref1 = [r.to(device=i.device, dtype=i.dtype) for r, i in zip(ref1, i_leaves)]
         if err is not None:
             self.notes.append(f"reference backward raised {type(err).__name__}: "
                               f"{str(err)[:200]}; gradients not compared")
@@ -421,6 +454,8 @@ class _Run:
                              likely_cause="backward #1 modified a value saved for backward "
                                           "(a saved tensor or a reused buffer).")
         ref2, err = _vjp(r_outs, r_leaves, cot2)
+        if err is None and self.cross:
+            ref2 = [r.to(device=i.device, dtype=i.dtype) for r, i in zip(ref2, i_leaves)]
         given = [c.clone() for c in cot2]
         imp2, err2 = _vjp(i_outs, i_leaves, given)
         if err is None and err2 is None:
@@ -453,8 +488,8 @@ class _Run:
                          likely_cause="backward writes into a tensor the forward returned.")
             return
         # a second call on other values (same structure): a reused buffer would be overwritten
-        second = self.template.instantiate(shuffled=True)
-        _, exc = _call(self.spec.impl, second)
+        second = self.template.instantiate(shuffled=True, device=self.device)
+        _, exc = _call(self.impl_fn, second)
         if exc is not None:
             return  # the shuffled values may be invalid input: nothing to conclude
         for m in compare_trees(_detached(impl_out), snapshot, rtol=0, atol=0, exact=True):
@@ -465,6 +500,24 @@ class _Run:
                                       "(e.g. a module-level cache) instead of a new tensor.",
                          fix="return a fresh tensor, or .clone() the workspace before returning.")
             return
+
+
+def _cast_like(ref: Any, like: Any) -> Any:
+    """``ref``'s floating tensors converted to the dtype and device of the matching leaf of
+    ``like`` (differentiably); unchanged where the structures differ."""
+    from equiv._compat import tree_unflatten
+
+    r_flat, r_spec = tree_flatten(ref)
+    l_flat, l_spec = tree_flatten(like)
+    if r_spec != l_spec:
+        return ref
+    out = []
+    for r, l in zip(r_flat, l_flat):
+        if (isinstance(r, torch.Tensor) and isinstance(l, torch.Tensor)
+                and r.dtype.is_floating_point and l.dtype.is_floating_point):
+            r = r.to(device=l.device, dtype=l.dtype)
+        out.append(r)
+    return tree_unflatten(out, r_spec)
 
 
 def _group_keys(side: Side, template: Template) -> dict[Any, int]:
@@ -518,6 +571,10 @@ def _brief(x: Any) -> str:
 
 
 def run_example(spec: Spec, example: Args, cot_seed: int, cfg: Settings, *, mode: str = "eager",
-                device: str = "cpu") -> Outcome:
-    """Run every selected check on one example."""
-    return _Run(spec, cfg, cot_seed, mode, device).run(example)
+                device: str = "cpu", impl_fn: Callable[..., Any] | None = None,
+                ref_fn: Callable[..., Any] | None = None, ref_device: str | None = None,
+                ref_dtype: torch.dtype | None = None) -> Outcome:
+    """Run every selected check on one example; ``impl_fn``/``ref_fn`` execute each side in
+    ``mode`` (default: as written); ``ref_device``/``ref_dtype`` run the reference elsewhere."""
+    return _Run(spec, cfg, cot_seed, mode, device, impl_fn, ref_fn, ref_device,
+                ref_dtype).run(example)
