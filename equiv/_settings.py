@@ -72,18 +72,6 @@ def _tolerance_triples(value: Any) -> tuple[tuple[str, float, float], ...]:
     return tuple(sorted(out))
 
 
-def _memory_pairs(value: Any) -> tuple[tuple[str, Any], ...]:
-    if value is None:
-        return ()
-    items = list(value.items()) if hasattr(value, "items") else (
-        list(value) if isinstance(value, (tuple, list)) else [value])
-    if not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in items):
-        raise InvalidArgument(
-            f"settings(memory={value!r}): give a mapping such as {{'max_peak_ratio': 1.0}}."
-        )
-    return tuple(sorted(items))
-
-
 @dataclasses.dataclass(frozen=True)
 class settings:
     """What a run explores. Immutable: derive with ``settings(parent, max_examples=...)``.
@@ -102,15 +90,14 @@ class settings:
     checks: tuple[str, ...] = ALL_CHECKS
     backward_repeats: int = 2
     hypothesis_settings: Any = None
-    #: dtypes examples are drawn in, by name ("float32", "float64", "bfloat16", ...)
+    #: dtypes examples are drawn in, by name ("float32", "float64", "bfloat16", ...).
+    #: Validated and carried for the runner and strategies; not read by them yet.
     dtypes: tuple[str, ...] = ("float32",)
     #: per-dtype (rtol, atol) overriding torch.testing.assert_close's table; give a mapping
-    #: ``{"float16": (1e-3, 1e-5)}``, stored as sorted ``(dtype, rtol, atol)`` triples
+    #: ``{"float16": (1e-3, 1e-5)}``, stored as sorted ``(dtype, rtol, atol)`` triples.
+    #: Validated and carried for the comparisons; not read by them yet (a spec's own
+    #: rtol/atol apply).
     tolerances: tuple[tuple[str, float, float], ...] = ()
-    #: named schedules to run (forward / mutate / backward scripts); () runs none
-    schedules: tuple[str, ...] = ()
-    #: memory contract, e.g. ``{"max_peak_ratio": 1.0}``; stored as sorted (key, value) pairs
-    memory: tuple[tuple[str, Any], ...] = ()
 
     _profiles: ClassVar[dict[str, "settings"]] = {}
     _current: ClassVar[str] = "default"
@@ -137,15 +124,11 @@ class settings:
         self._validate_more()
 
     def _validate_more(self) -> None:
-        """Validate and normalise dtypes, tolerances, schedules and the memory contract."""
+        """Validate and normalise dtypes and tolerances. (Schedules and the memory contract
+        are the spec's: ``equivalent_to(schedules=..., max_memory_ratio=...)``; the ``checks``
+        setting switches the ``schedule`` and ``memory`` checks on or off.)"""
         object.__setattr__(self, "dtypes", _dtype_names(self.dtypes))
         object.__setattr__(self, "tolerances", _tolerance_triples(self.tolerances))
-        if isinstance(self.schedules, str) or not all(isinstance(v, str) for v in self.schedules):
-            raise InvalidArgument(
-                f"settings(schedules={self.schedules!r}): give a tuple of schedule names."
-            )
-        object.__setattr__(self, "schedules", tuple(self.schedules))
-        object.__setattr__(self, "memory", _memory_pairs(self.memory))
 
     def tolerance(self, dtype: Any) -> tuple[float, float] | None:
         """The (rtol, atol) configured for ``dtype`` (a name or torch dtype), or None for
@@ -155,10 +138,6 @@ class settings:
             if d == name:
                 return rtol, atol
         return None
-
-    @property
-    def memory_contract(self) -> dict[str, Any]:
-        return dict(self.memory)
 
     def _validate(self) -> None:
         if not isinstance(self.max_examples, int) or self.max_examples < 1:

@@ -55,14 +55,19 @@ def test_builtin_profiles():
     assert th.max_examples > ci.max_examples and "float64" in th.dtypes
 
 
-def test_new_fields_dtypes_tolerances_schedules_memory():
-    """Per-dtype tolerances, dtypes, schedules and the memory contract are settings too."""
-    s = settings(dtypes=(torch.float16, "float32"), tolerances={"float16": (1e-3, 1e-5)},
-                 schedules=("mutate-after-forward",), memory={"max_peak_ratio": 1.0})
+def test_dtypes_and_per_dtype_tolerances():
+    """dtypes take names or torch dtypes; tolerance(dtype) looks up the per-dtype pair."""
+    s = settings(dtypes=(torch.float16, "float32"), tolerances={"float16": (1e-3, 1e-5)})
     assert s.dtypes == ("float16", "float32")
     assert s.tolerance(torch.float16) == (1e-3, 1e-5) and s.tolerance("float32") is None
-    assert s.schedules == ("mutate-after-forward",)
-    assert s.memory_contract == {"max_peak_ratio": 1.0}
+
+
+def test_schedule_and_memory_checks_are_switched_by_checks():
+    """Schedules and the memory contract belong to the spec; settings select the checks."""
+    s = settings(checks=("forward", "schedule", "memory"))
+    assert s.checks == ("forward", "schedule", "memory")
+    with pytest.raises(equiv.InvalidArgument, match=r"settings\(\) got unknown option"):
+        settings(memory={"max_peak_ratio": 1.0})
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -72,8 +77,6 @@ def test_new_fields_dtypes_tolerances_schedules_memory():
                                "['float17']"),
     ({"tolerances": {"float16": 1e-3}}, "settings(tolerances={'float16': 0.001}): give "
                                         "{dtype: (rtol, atol)}"),
-    ({"memory": 3}, "settings(memory=3): give a mapping such as {'max_peak_ratio': 1.0}."),
-    ({"schedules": "one"}, "settings(schedules='one'): give a tuple of schedule names."),
     ({"max_exampels": 3}, "settings() got unknown option(s) ['max_exampels']"),
 ])
 def test_invalid_settings_name_the_option(changes, message):
