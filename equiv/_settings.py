@@ -95,8 +95,7 @@ class settings:
     dtypes: tuple[str, ...] = ("float32",)
     #: per-dtype (rtol, atol) overriding torch.testing.assert_close's table; give a mapping
     #: ``{"float16": (1e-3, 1e-5)}``, stored as sorted ``(dtype, rtol, atol)`` triples.
-    #: Validated and carried for the comparisons; not read by them yet (a spec's own
-    #: rtol/atol apply).
+    #: A spec's own rtol/atol still win.
     tolerances: tuple[tuple[str, float, float], ...] = ()
 
     _profiles: ClassVar[dict[str, "settings"]] = {}
