@@ -26,6 +26,51 @@ ALL_CHECKS: tuple[str, ...] = (
     "memory",
 )
 
+_DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128", "int8",
+           "int16", "int32", "int64", "uint8", "bool")
+
+
+def _dtype_name(d: Any) -> str:
+    name = d if isinstance(d, str) else str(d)
+    return name.removeprefix("torch.")
+
+
+def _dtype_names(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not hasattr(value, "__iter__"):
+        raise InvalidArgument(
+            f"settings(dtypes={value!r}): give a tuple of dtypes, e.g. ('float32', 'float64')."
+        )
+    names = tuple(_dtype_name(d) for d in value)
+    unknown = [n for n in names if n not in _DTYPES]
+    if unknown or not names:
+        raise InvalidArgument(
+            f"settings(dtypes={value!r}) names unknown dtype(s) {unknown}; known: {list(_DTYPES)}."
+        )
+    return names
+
+
+def _tolerance_triples(value: Any) -> tuple[tuple[str, float, float], ...]:
+    if hasattr(value, "items"):
+        items = list(value.items())
+    elif isinstance(value, (tuple, list)) and all(
+            isinstance(t, (tuple, list)) and len(t) == 3 for t in value):
+        items = [(t[0], tuple(t[1:])) for t in value]
+    else:
+        items = [(value, None)]
+    out = []
+    for dtype, tol in items:
+        name = _dtype_name(dtype)
+        ok = (name in _DTYPES and isinstance(tol, (tuple, list)) and len(tol) == 2
+              and all(isinstance(t, (int, float)) and t >= 0 for t in tol))
+        if not ok:
+            raise InvalidArgument(
+                f"settings(tolerances={value!r}): give {{dtype: (rtol, atol)}} with known dtype "
+                f"names and numbers >= 0, e.g. {{'float16': (1e-3, 1e-5)}}; bad entry "
+                f"{dtype!r}: {tol!r}."
+            )
+        out.append((name, float(tol[0]), float(tol[1])))
+    return tuple(sorted(out))
+
 
 @dataclasses.dataclass(frozen=True)
 class settings:
@@ -45,9 +90,18 @@ class settings:
     checks: tuple[str, ...] = ALL_CHECKS
     backward_repeats: int = 2
     hypothesis_settings: Any = None
+    #: dtypes examples are drawn in, by name ("float32", "float64", "bfloat16", ...).
+    #: Validated and carried for the runner and strategies; not read by them yet.
+    dtypes: tuple[str, ...] = ("float32",)
+    #: per-dtype (rtol, atol) overriding torch.testing.assert_close's table; give a mapping
+    #: ``{"float16": (1e-3, 1e-5)}``, stored as sorted ``(dtype, rtol, atol)`` triples.
+    #: A spec's own rtol/atol still win.
+    tolerances: tuple[tuple[str, float, float], ...] = ()
 
     _profiles: ClassVar[dict[str, "settings"]] = {}
     _current: ClassVar[str] = "default"
+    #: options of the running pytest session (--equiv-max-examples...), applied over the profile
+    _session_overrides: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, parent: "settings | None" = None, **changes: Any) -> None:
         base = parent if parent is not None else None
@@ -66,6 +120,23 @@ class settings:
                 value = f.default
             object.__setattr__(self, f.name, value)
         self._validate()
+        self._validate_more()
+
+    def _validate_more(self) -> None:
+        """Validate and normalise dtypes and tolerances. (Schedules and the memory contract
+        are the spec's: ``equivalent_to(schedules=..., max_memory_ratio=...)``; the ``checks``
+        setting switches the ``schedule`` and ``memory`` checks on or off.)"""
+        object.__setattr__(self, "dtypes", _dtype_names(self.dtypes))
+        object.__setattr__(self, "tolerances", _tolerance_triples(self.tolerances))
+
+    def tolerance(self, dtype: Any) -> tuple[float, float] | None:
+        """The (rtol, atol) configured for ``dtype`` (a name or torch dtype), or None for
+        torch.testing.assert_close's default."""
+        name = _dtype_name(dtype)
+        for d, rtol, atol in self.tolerances:
+            if d == name:
+                return rtol, atol
+        return None
 
     def _validate(self) -> None:
         if not isinstance(self.max_examples, int) or self.max_examples < 1:
@@ -118,8 +189,24 @@ class settings:
 
     @classmethod
     def default(cls) -> "settings":
-        """The currently loaded profile."""
-        return cls._profiles[cls._current]
+        """The currently loaded profile, with the running pytest session's options over it."""
+        base = cls._profiles[cls._current]
+        return settings(base, **cls._session_overrides) if cls._session_overrides else base
+
+    @classmethod
+    def _push_session(cls, profile: str | None = None, **overrides: Any) -> tuple[str, dict]:
+        """Internal (pytest plugin, equiv command): load ``profile`` and apply ``overrides``
+        over it; returns the previous state for :meth:`_pop_session`."""
+        previous = (cls._current, dict(cls._session_overrides))
+        if profile is not None:
+            cls.load_profile(profile)
+        settings(cls._profiles[cls._current], **overrides)  # validate now, not at first use
+        cls._session_overrides = dict(overrides)
+        return previous
+
+    @classmethod
+    def _pop_session(cls, previous: tuple[str, dict]) -> None:
+        cls._current, cls._session_overrides = previous[0], dict(previous[1])
 
     @property
     def profile(self) -> str:
@@ -153,5 +240,11 @@ def _load_environment_profile() -> None:
     elif os.environ.get("CI"):
         settings.load_profile("ci")
 
+
+# issue 7: ci runs more examples, thorough also draws float64 (kept apart from the lines above so
+# that edits of the profiles' modes merge cleanly)
+settings._profiles["ci"] = settings(settings._profiles["ci"], max_examples=100)
+settings._profiles["thorough"] = settings(settings._profiles["thorough"],
+                                          dtypes=("float32", "float64"))
 
 _load_environment_profile()

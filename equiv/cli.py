@@ -1,95 +1,230 @@
-"""The ``equiv`` command: ``equiv check PATH_OR_MODULE...`` and ``equiv list ...``."""
+"""The ``equiv`` command (also ``python -m equiv``).
+
+``equiv check PATH_OR_MODULE...`` imports the files, folders and modules, runs every registered
+spec under each mode and device, and prints a summary table then each finding in full.
+``equiv list PATH_OR_MODULE...`` lists the specs and their contracts.
+
+Exit status: 0 all passed, 1 findings (or a compile mode that compiled nothing), 2 usage or
+import error (the import traceback is printed).
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
+import random
 import sys
 import traceback
-from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence, TextIO
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
 
-def _import_target(target: str) -> list[str]:
-    """Import a file, a folder of files (not recursing into ``failing/``-style subfolders
-    unless named) or a dotted module; return the spec names it registered."""
-    from equiv.spec import _REGISTRY
-
-    before = set(_REGISTRY)
-    path = Path(target)
-    if path.is_dir():
-        files = sorted(p for p in path.glob("*.py") if not p.name.startswith("_"))
-    elif path.suffix == ".py" or path.exists():
-        files = [path]
-    else:
-        importlib.import_module(target)
-        files = []
-    for f in files:
-        name = f.stem if f.stem not in sys.modules else f"{f.parent.name}.{f.stem}"
-        spec = importlib.util.spec_from_file_location(name, f)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {f}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return [n for n in _REGISTRY if n not in before]
+def _comma_list(value: str) -> tuple[str, ...]:
+    parts, depth, cur = [], 0, ""
+    for ch in value:  # commas inside brackets stay: compile[a,b] is one mode
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur.strip())
+    if not all(parts):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: give a comma-separated list with no empty entries, e.g. eager,cpu")
+    return tuple(parts)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="equiv", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_check = sub.add_parser("check", help="run every registered spec found in the targets")
-    p_check.add_argument("targets", nargs="+", help="files, folders or dotted module names")
-    p_check.add_argument("--max-examples", type=int, default=None)
-    p_check.add_argument("--seed", type=int, default=None)
-    p_check.add_argument("--profile", default=None, help="settings profile: default, ci, thorough")
-    p_list = sub.add_parser("list", help="list the specs found in the targets")
-    p_list.add_argument("targets", nargs="+")
-    args = parser.parse_args(argv)
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a positive integer")
+    return n
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="equiv", description="Prove fast, mutating PyTorch implementations equivalent to "
+        "their pure references.", epilog="Exit status: 0 all pass, 1 findings, 2 usage or "
+        "import error.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{check,list}")
+    p = sub.add_parser("check", help="run every registered spec found in the targets",
+                       description="Import the targets and run every @equivalent_to spec.")
+    p.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE",
+                   help=".py files, folders of them (not recursive) or dotted module names")
+    p.add_argument("--modes", type=_comma_list, default=None, metavar="M1,M2",
+                   help="execution modes, e.g. eager,compile[aot_eager] (default: the profile's)")
+    p.add_argument("--devices", type=_comma_list, default=None, metavar="D1,D2",
+                   help="devices, e.g. cpu,cuda; unavailable ones are skipped")
+    p.add_argument("--profile", default=None, metavar="NAME",
+                   help="settings profile: default, ci, thorough (default: $EQUIV_PROFILE, "
+                        "else ci when $CI is set, else default)")
+    p.add_argument("--max-examples", type=_positive, default=None, metavar="N",
+                   help="Hypothesis examples per spec, mode and device")
+    p.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="seed for every run (default: random, printed)")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="write the JSON report (docs/report-schema.md)")
+    p.add_argument("--html", default=None, metavar="FILE",
+                   help="write a self-contained HTML report")
+    p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                   help="progress bar on stderr (auto: only on a terminal)")
+    q = sub.add_parser("list", help="list the specs found in the targets and their contracts")
+    q.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
+         err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    args = _parser().parse_args(argv)  # usage errors exit 2 (argparse)
 
     import equiv
+    from equiv._loader import load_target
 
-    if getattr(args, "profile", None):
-        try:
-            equiv.settings.load_profile(args.profile)
-        except equiv.InvalidArgument as e:
-            print(f"equiv: {e}", file=sys.stderr)
-            return EXIT_USAGE
-    names: list[str] = []
+    specs: list[Any] = []
     for target in args.targets:
         try:
-            names += _import_target(target)
-        except Exception:  # an import error in the user's module: show it, exit 2
-            print(f"equiv: could not import {target}:", file=sys.stderr)
-            traceback.print_exc()
+            found = load_target(target)
+        except Exception:  # the user's module failed to import: show its traceback, exit 2
+            print(f"equiv: could not import {target}:", file=err)
+            traceback.print_exc(file=err)
             return EXIT_USAGE
-    specs = equiv.registry()
-    if args.command == "list":
-        for n in names:
-            s = specs[n]
-            print(f"{n}  ref={s.reference}  mutates={dict(s.mutates) or '{}'}")
-        return EXIT_OK
-    if not names:
-        print("equiv: no specs found (decorate implementations with @equivalent_to).",
-              file=sys.stderr)
+        specs += [s for s in found if all(s.name != t.name for t in specs)]
+    if not specs:
+        print(f"equiv: no specs found in {' '.join(args.targets)} (decorate implementations "
+              "with @equivalent_to).", file=err)
         return EXIT_USAGE
-    failed = 0
-    for n in names:
-        try:
-            report = equiv.check(specs[n].impl, max_examples=args.max_examples, seed=args.seed,
-                                 raise_on_failure=False)
-        except equiv.InvalidArgument as e:
-            print(f"ERROR  {n}: {e}")
-            failed += 1
+    if args.command == "list":
+        _list(specs, out)
+        return EXIT_OK
+
+    overrides: dict[str, Any] = {}
+    for name in ("modes", "devices", "max_examples"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
+    try:
+        profile = equiv.settings.get_profile(args.profile) if args.profile else None
+        derandomized = (profile or equiv.settings.default()).derandomize
+        if args.seed is not None:
+            overrides.update(seed=args.seed, derandomize=False)
+        elif not derandomized:
+            overrides["seed"] = random.SystemRandom().randrange(2**32)
+        previous = equiv.settings._push_session(args.profile, **overrides)
+    except equiv.InvalidArgument as e:
+        print(f"equiv: {e}", file=err)
+        return EXIT_USAGE
+    try:
+        return _check(args, specs, out, err)
+    finally:
+        equiv.settings._pop_session(previous)
+
+
+def _list(specs: list[Any], out: TextIO) -> None:
+    for s in specs:
+        tol = "dtype default" if s.rtol is None else f"rtol={s.rtol:g}, atol={s.atol:g}"
+        print(f"{s.name}", file=out)
+        print(f"  reference: {s.reference}", file=out)
+        print(f"  signature: {s.impl.__name__ if hasattr(s.impl, '__name__') else s.name}"
+              f"{s.signature}", file=out)
+        print(f"  mutates:   {dict(s.mutates) or '{} (pure)'}", file=out)
+        print(f"  inputs:    {'derived from the signature' if s.derived_inputs else 'given'}"
+              f"; {len(s.examples)} explicit example(s); tolerance: {tol}", file=out)
+        if s.settings is not None:
+            plain = type(s.settings)()
+            own = {f: getattr(s.settings, f) for f in ("max_examples", "modes", "devices",
+                                                       "checks", "backward_repeats")
+                   if getattr(s.settings, f) != getattr(plain, f)}
+            if own:
+                shown = ", ".join(f"{k}={v!r}" for k, v in own.items())
+                print(f"  settings:  {shown} (from the decorator; wins over options)", file=out)
+
+
+def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO) -> int:
+    import equiv
+    from equiv._results import LABELS, combinations, document, run_one, write_json
+
+    cfg = equiv.settings.default()
+    seed_text = "derandomized" if cfg.derandomize else f"--seed={cfg.seed}"
+    print(f"equiv: profile={cfg.profile} modes={','.join(map(str, cfg.modes))} "
+          f"devices={','.join(cfg.devices)} max_examples={cfg.max_examples} {seed_text}",
+          file=out)
+    tasks = [(s, m, d) for s in specs for m, d in combinations(s, cfg)]
+    results = []
+    show = args.progress == "on" or (args.progress == "auto" and err.isatty())
+    if show:
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=Console(file=err), transient=True) as bar:
+            job = bar.add_task("equiv", total=len(tasks))
+            for s, m, d in tasks:
+                bar.update(job, description=f"{s.name} [{m}-{d}]")
+                results.append(run_one(s, m, d))
+                bar.advance(job)
+    else:
+        results = [run_one(s, m, d) for s, m, d in tasks]
+
+    _table(results, LABELS, out)
+    failed = [r for r in results if r.verdict != "pass"]
+    for r in failed:
+        if r.verdict in ("skipped",):
             continue
-        if report.ok:
-            print("PASS   " + report.headline())
+        print(file=out)
+        print(f"== {LABELS[r.verdict]}: {r.spec} [{r.mode}-{r.device}] ==", file=out)
+        if r.report is not None and r.report.findings:
+            print(r.report.render(), file=out)
         else:
-            failed += 1
-            print("FAIL   " + report.render())
-            print()
-    print(f"{len(names) - failed} passed, {failed} failed")
-    return EXIT_FINDINGS if failed else EXIT_OK
+            print(r.reason, file=out)
+    counts = {v: sum(r.verdict == v for r in results) for v in LABELS}
+    print(file=out)
+    print(", ".join(f"{n} {LABELS[v]}" for v, n in counts.items() if n), file=out)
+    reproduce = _reproduce(args, cfg)
+    if any(r.verdict in ("fail", "not-compiled", "error") for r in results) \
+            and not cfg.derandomize:
+        print(f"Reproduce: {reproduce}", file=out)
+    if args.json or args.html:
+        doc = document(results, tool="equiv check", profile=cfg.profile,
+                       seed=None if cfg.derandomize else cfg.seed, modes=cfg.modes,
+                       devices=cfg.devices, max_examples=cfg.max_examples, reproduce=reproduce)
+        if args.json:
+            write_json(doc, args.json)
+        if args.html:
+            from equiv._html import render_html
+
+            with open(args.html, "w", encoding="utf-8") as fh:
+                fh.write(render_html(doc))
+    if counts["error"]:
+        return EXIT_USAGE
+    if counts["fail"] or counts["not-compiled"]:
+        return EXIT_FINDINGS
+    return EXIT_OK
+
+
+def _table(results: list[Any], labels: dict[str, str], out: TextIO) -> None:
+    rows = [("spec", "mode", "device", "verdict", "examples", "findings")]
+    for r in results:
+        rows.append((r.spec, r.mode, r.device, labels[r.verdict],
+                     str(r.report.examples_run) if r.report else "-",
+                     str(len(r.report.findings)) if r.report else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for j, row in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
+        if j == 0:
+            print("  ".join("-" * w for w in widths), file=out)
+
+
+def _reproduce(args: argparse.Namespace, cfg: Any) -> str:
+    parts = ["equiv", "check", *args.targets, f"--profile={cfg.profile}",
+             f"--modes={','.join(map(str, cfg.modes))}", f"--devices={','.join(cfg.devices)}",
+             f"--max-examples={cfg.max_examples}"]
+    if not cfg.derandomize:
+        parts.append(f"--seed={cfg.seed}")
+    return " ".join(f"'{p}'" if any(c in p for c in "[] ") else p for p in parts)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -19,6 +21,21 @@ class Mismatch:
     max_abs: float | None = None
     max_rel: float | None = None
     index: tuple[int, ...] | None = None
+
+
+#: per-dtype (rtol, atol) overriding assert_close's defaults for the current run
+_DTYPE_TOLERANCES: contextvars.ContextVar[dict[torch.dtype, tuple[float, float]]] = \
+    contextvars.ContextVar("equiv_dtype_tolerances", default={})
+
+
+@contextlib.contextmanager
+def dtype_tolerances(table: dict[torch.dtype, tuple[float, float]]) -> Iterator[None]:
+    """Within the block, comparisons without an explicit rtol/atol use ``table[dtype]``."""
+    token = _DTYPE_TOLERANCES.set(dict(table))
+    try:
+        yield
+    finally:
+        _DTYPE_TOLERANCES.reset(token)
 
 
 def _flatten(tree: Any) -> tuple[list[tuple[str, Any]], Any]:
@@ -63,6 +80,8 @@ def compare_leaf(actual: Any, expected: Any, *, rtol: float | None, atol: float 
     if exact:
         rtol, atol = 0.0, 0.0
     kwargs: dict[str, Any] = {"equal_nan": True, "check_stride": False}
+    if rtol is None and e_t:
+        rtol, atol = _DTYPE_TOLERANCES.get().get(expected.dtype, (None, None))
     if rtol is not None:
         kwargs.update(rtol=rtol, atol=atol)
     try:

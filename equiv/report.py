@@ -54,7 +54,7 @@ class Finding:
 
     def render(self) -> str:
         if self.rtol is None:
-            tol = "default for the dtype (torch.testing.assert_close)"
+            tol = "default for the dtype (torch.testing.assert_close, or settings(tolerances=...))"
         elif self.rtol == 0 and self.atol == 0:
             tol = "exact (bitwise, NaN equal to NaN)"
         else:

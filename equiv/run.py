@@ -7,12 +7,14 @@ import random
 from typing import Any, Callable
 
 import hypothesis
+import torch
 from hypothesis import HealthCheck, Phase
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure, Unsatisfiable
 
 from equiv._settings import settings as Settings
 from equiv.checks.core import Outcome, run_example
+from equiv.compare import dtype_tolerances
 from equiv.errors import InvalidArgument
 from equiv.examples import as_args
 from equiv.modes import MODE_NAMES, Mode, ModeRun, NotCompiled, device_unavailable, parse_mode
@@ -107,9 +109,11 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
             f"nothing ran, which is not a pass. Request an available device, e.g. "
             f"devices=('cpu',), instead of devices={tuple(cfg.devices)!r}."
         )
+    table = {getattr(torch, d): (rtol, atol) for d, rtol, atol in cfg.tolerances}
     for device in available:
         for mode in mode_objs:
-            f, n, r = _run_mode(spec, cfg, mode, device, run_seed, stats, reference)
+            with dtype_tolerances(table):
+                f, n, r = _run_mode(spec, cfg, mode, device, run_seed, stats, reference)
             findings.extend(f)
             notes.extend(x for x in n if x not in notes)
             runs.append(r)

@@ -548,3 +548,18 @@ def test_a_nondeterministic_implementation_is_reported_as_flaky():
     assert not report.ok
     assert report.findings[0].check == "flaky"
     assert "failed once and passed when replayed" in report.findings[0].headline
+
+
+# --------------------------------------------------------------------------- tolerances
+def test_settings_tolerances_override_the_dtype_default():
+    """A float64 result off by 1e-6 fails the default table and passes a looser per-dtype one."""
+
+    @equivalent_to(lambda x: x * 2, inputs=one())
+    def nearly_double(x):
+        return x * 2 + 1e-6
+
+    failure(nearly_double, equiv.OutputMismatch)
+    loose = equiv.settings(FAST, tolerances={"float64": (1e-3, 1e-5)})
+    assert equiv.check(nearly_double, settings=loose).ok
+    tight = equiv.settings(FAST, tolerances={"float32": (1e-3, 1e-5)})  # another dtype: no effect
+    assert not equiv.check(nearly_double, settings=tight, raise_on_failure=False).ok

@@ -28,6 +28,16 @@ def test_code_blocks_run(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if not blocks:
         pytest.skip(f"{path.name} has no python blocks")
     monkeypatch.chdir(ROOT)
+    # doc blocks may register or load profiles: keep them from leaking into other tests
+    import hypothesis
+
+    import equiv
+
+    monkeypatch.setattr(equiv.settings, "_profiles", dict(equiv.settings._profiles))
+    monkeypatch.setattr(equiv.settings, "_current", equiv.settings._current)
+    monkeypatch.setattr(hypothesis.settings, "_profiles", dict(hypothesis.settings._profiles))
+    hypothesis_profile = hypothesis.settings._current_profile
+    monkeypatch.setattr(hypothesis.settings, "_current_profile", hypothesis_profile)
     namespace: dict = {"__name__": f"docs_{path.stem}"}
     for i, code in enumerate(blocks):
         try:

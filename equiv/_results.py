@@ -1,0 +1,236 @@
+"""One result per (spec, mode, device), and the versioned JSON document built from them.
+
+The pytest plugin and the ``equiv`` command both run specs through :func:`run_one` and write
+reports with :func:`document`; the HTML report renders that document (rendering never computes).
+Schema: docs/report-schema.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Iterable
+
+from equiv._settings import settings as Settings
+from equiv.errors import InvalidArgument
+from equiv.report import Finding, Report
+from equiv.spec import Spec
+
+SCHEMA = "equiv.results/1"
+
+#: verdicts, as written in JSON (the table shows pass / FAIL / skipped / not compiled / ERROR)
+VERDICTS = ("pass", "fail", "skipped", "not-compiled", "error")
+LABELS = {"pass": "pass", "fail": "FAIL", "skipped": "skipped", "not-compiled": "not compiled",
+          "error": "ERROR"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """The outcome of one spec under one mode on one device. Plain data: pickles."""
+
+    spec: str
+    implementation: str
+    reference: str
+    mode: str
+    device: str
+    verdict: str
+    reason: str = ""
+    report: Report | None = None
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.verdict]
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.report
+        return {
+            "spec": self.spec,
+            "implementation": self.implementation,
+            "reference": self.reference,
+            "mode": self.mode,
+            "device": self.device,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "seed": r.seed if r else None,
+            "examples_run": r.examples_run if r else 0,
+            "invalid_examples": r.invalid_examples if r else 0,
+            "checks": list(r.checks) if r else [],
+            "notes": list(r.notes) if r else [],
+            "settings": r.settings if r else "",
+            "compile_counts": compile_counts(r, self.mode, self.device),
+            "findings": [finding_dict(f) for f in (r.findings if r else ())],
+        }
+
+
+def finding_dict(f: Finding) -> dict[str, Any]:
+    """A finding as JSON-able data (schema: docs/report-schema.md)."""
+    return {
+        "check": f.check,
+        "kind": f.kind,
+        "headline": f.headline,
+        "spec": f.spec,
+        "implementation": f.implementation,
+        "reference": f.reference,
+        "mode": f.mode,
+        "device": f.device,
+        "dtype": f.dtype,
+        "argument": f.argument,
+        "numbers": {
+            "max_abs": f.max_abs,
+            "max_rel": f.max_rel,
+            "index": list(f.index) if f.index is not None else None,
+            "rtol": f.rtol,
+            "atol": f.atol,
+        },
+        "details": f.details,
+        "example": {"summary": f.example, "code": f.example_code},
+        "likely_cause": f.likely_cause,
+        "fix": f.fix,
+        "traceback": f.traceback,
+        "reproduce": f.reproduce,
+        "timeline": [_event(e) for e in (getattr(f, "timeline", None) or ())],
+        "memory": _plain(getattr(f, "memory", None)),
+        "message": f.render(),
+    }
+
+
+def _event(e: Any) -> dict[str, Any]:
+    if isinstance(e, dict):
+        return {k: _plain(v) for k, v in e.items()}
+    if dataclasses.is_dataclass(e) and not isinstance(e, type):
+        return {k: _plain(v) for k, v in dataclasses.asdict(e).items()}
+    to_dict = getattr(e, "to_dict", None)
+    if callable(to_dict):
+        return {k: _plain(v) for k, v in to_dict().items()}
+    return {"kind": "unknown", "repr": repr(e)}
+
+
+def _plain(v: Any) -> Any:
+    """JSON-able copy: mappings, sequences, numbers, strings; anything else as its str."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return _plain(dataclasses.asdict(v))
+    return str(v)
+
+
+def combinations(spec: Spec, cfg: Settings) -> list[tuple[Any, str]]:
+    """(mode, device) pairs to run ``spec`` under: the decorator's modes/devices when it set
+    them, else ``cfg``'s (the profile with the command-line options over it)."""
+    modes, devices = cfg.modes, cfg.devices
+    own, plain = spec.settings, Settings()
+    if own is not None:
+        if own.modes != plain.modes:
+            modes = own.modes
+        if own.devices != plain.devices:
+            devices = own.devices
+    return [(m, d) for m in modes for d in devices]
+
+
+def device_unavailable(device: str) -> str | None:
+    """Why ``device`` cannot run here (a skip reason), or None when it can."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError) as e:
+        raise InvalidArgument(
+            f"unknown device {device!r} ({e}); give torch device names such as 'cpu' or 'cuda'."
+        ) from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        return f"device {device!r} is not available here (torch.cuda.is_available() is False)"
+    if kind == "mps" and not torch.backends.mps.is_available():
+        return f"device {device!r} is not available here (torch.backends.mps.is_available() " \
+            "is False)"
+    return None
+
+
+def narrow(spec: Spec, mode: Any, device: str) -> Spec:
+    """``spec`` restricted to one mode and device, even when its decorator names several."""
+    own = spec.settings if spec.settings is not None else Settings()
+    return dataclasses.replace(spec, settings=Settings(own, modes=(mode,), devices=(device,)))
+
+
+def run_one(spec: Spec, mode: Any, device: str, **check_options: Any) -> Result:
+    """Run ``spec`` under one mode (a name, or a mode object whose str is its name) on one
+    device; never raises for findings."""
+    from equiv.run import check
+
+    base = dict(spec=spec.name, implementation=spec.implementation, reference=spec.reference,
+                mode=str(mode), device=device)
+    try:
+        why = device_unavailable(device)
+        if why is not None:
+            return Result(verdict="skipped", reason=why, **base)
+        report = check(narrow(spec, mode, device), modes=(mode,), devices=(device,),
+                       raise_on_failure=False, **check_options)
+    except InvalidArgument as e:
+        return Result(verdict="error", reason=str(e), **base)
+    if report.findings:
+        return Result(verdict="fail", report=report, **base)
+    run = mode_run(report, str(mode), device)
+    status = getattr(run, "status", None)
+    if status == "not compiled":  # a compile mode that fell back to eager: never a pass
+        return Result(verdict="not-compiled", report=report, reason=getattr(run, "reason", "")
+                      or "the compile mode captured no graph (it ran eagerly)", **base)
+    if status == "skipped":  # e.g. a transform the implementation does not support
+        return Result(verdict="skipped", report=report, reason=getattr(run, "reason", ""), **base)
+    return Result(verdict="pass", report=report, **base)
+
+
+def mode_run(report: Report | None, mode: str, device: str) -> Any:
+    """The report's record of what (mode, device) did (``Report.runs``, equiv.modes), or None
+    when the runner keeps no such record."""
+    for run in getattr(report, "runs", None) or ():
+        if str(getattr(run, "mode", "")) == mode and getattr(run, "device", None) == device:
+            return run
+    return None
+
+
+def compile_counts(report: Report | None, mode: str, device: str) -> dict[str, Any] | None:
+    """Compilations and graph breaks of a compile mode, or None when not recorded."""
+    run = mode_run(report, mode, device)
+    if run is None or getattr(run, "compilations", None) is None:
+        return None
+    return {"compilations": run.compilations, "graph_breaks": getattr(run, "graph_breaks", None),
+            "break_reasons": _plain(list(getattr(run, "break_reasons", ()) or ()))}
+
+
+def summary(results: Iterable[Result | dict[str, Any]]) -> dict[str, int]:
+    counts = {v: 0 for v in VERDICTS}
+    for r in results:
+        counts[r["verdict"] if isinstance(r, dict) else r.verdict] += 1
+    return counts
+
+
+def document(results: Iterable[Result | dict[str, Any]], *, tool: str, profile: str,
+             seed: int | None, modes: Iterable[str], devices: Iterable[str],
+             max_examples: int, reproduce: str = "") -> dict[str, Any]:
+    """The JSON report (schema ``equiv.results/1``, docs/report-schema.md). Deterministic: no
+    timestamps, no addresses."""
+    import equiv
+
+    rows = [r if isinstance(r, dict) else r.to_dict() for r in results]
+    return {
+        "schema": SCHEMA,
+        "equiv_version": equiv.__version__,
+        "tool": tool,
+        "profile": profile,
+        "seed": seed,
+        "modes": [str(m) for m in modes],
+        "devices": list(devices),
+        "max_examples": max_examples,
+        "reproduce": reproduce,
+        "summary": summary(rows),
+        "results": rows,
+    }
+
+
+def write_json(doc: dict[str, Any], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=2, sort_keys=False)
+        fh.write("\n")
