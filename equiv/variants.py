@@ -10,7 +10,8 @@ Switched per spec with ``equivalent_to(..., variants=...)``:
   repeats the first slice along one dim).
 - ``"aliasing"``: two arguments the contract does not declare mutated, with the same shape, dtype
   and device, may become one tensor in two slots or two overlapping views of one base.
-- ``"aliasing-mutated"``: the same, also for declared mutated arguments.
+- ``"aliasing-mutated"``: the same, also for declared mutated arguments (and expanded layouts
+  for them: a stride-0 argument overlaps itself).
 - ``"half"``: every float32/float64 tensor argument cast to float16 or bfloat16 (opt-in: the
   default tolerances of half dtypes are tight for kernels that round differently).
 
@@ -161,7 +162,10 @@ def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
             overlaps = True
         else:
             lay = draw(layouts(kinds=(choice,)))
-            usable = [n for n in names if lay.effective(values[n].shape).kind == choice]
+            # an expanded argument overlaps itself: for a mutated one that is aliasing
+            usable = [n for n in names if lay.effective(values[n].shape).kind == choice
+                      and not (choice == "expanded" and n in mutated
+                               and "aliasing-mutated" not in kinds)]
             if not usable:  # this shape cannot show the layout: fall back to one that can
                 lay = draw(layouts(kinds=("sliced",)))
                 usable = [n for n in names if values[n].numel() > 0]
