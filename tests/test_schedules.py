@@ -88,7 +88,7 @@ def test_ctx_attribute_then_caller_mutates_is_a_schedule_finding():
     text = f.render()
     lines = text.splitlines()
     assert lines[0].startswith("ScheduleMismatch: schedule 'mutate-after-forward[x]'")
-    assert "  tolerance: default for the dtype (torch.testing.assert_close)" in lines
+    assert "  tolerance: default for the dtype (torch.testing.assert_close, or settings(tolerances=...))" in lines
     assert text.index("Minimal failing example:") < text.index("Timeline (") \
         < text.index("Likely cause:") < text.index("Reproduce:")
     assert "Timeline (implementation, replayed under the recorder):" in text
