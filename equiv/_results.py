@@ -122,11 +122,11 @@ def combinations(spec: Spec, cfg: Settings) -> list[tuple[Any, str]]:
     """(mode, device) pairs to run ``spec`` under: the decorator's modes/devices when it set
     them, else ``cfg``'s (the profile with the command-line options over it)."""
     modes, devices = cfg.modes, cfg.devices
-    own, plain = spec.settings, Settings()
+    own = spec.settings
     if own is not None:
-        if own.modes != plain.modes:
+        if "modes" in own._explicit:
             modes = own.modes
-        if own.devices != plain.devices:
+        if "devices" in own._explicit:
             devices = own.devices
     return [(m, d) for m in modes for d in devices]
 

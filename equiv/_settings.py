@@ -82,7 +82,7 @@ class settings:
     ``hypothesis_settings``.
     """
 
-    max_examples: int = 30
+    max_examples: int = 60
     derandomize: bool = False
     seed: int | None = None
     modes: tuple[str, ...] = ("eager",)
@@ -90,9 +90,9 @@ class settings:
     checks: tuple[str, ...] = ALL_CHECKS
     backward_repeats: int = 2
     hypothesis_settings: Any = None
-    #: dtypes examples are drawn in, by name ("float32", "float64", "bfloat16", ...).
-    #: Validated and carried for the runner and strategies; not read by them yet.
-    dtypes: tuple[str, ...] = ("float32",)
+    #: dtypes that inputs derived from a signature are drawn in, by name ("float32", "float64",
+    #: "bfloat16", ...); an explicit ``inputs=`` strategy chooses its own.
+    dtypes: tuple[str, ...] = ("float32", "float64")
     #: per-dtype (rtol, atol) overriding torch.testing.assert_close's table; give a mapping
     #: ``{"float16": (1e-3, 1e-5)}``, stored as sorted ``(dtype, rtol, atol)`` triples.
     #: A spec's own rtol/atol still win.
@@ -119,6 +119,10 @@ class settings:
             else:
                 value = f.default
             object.__setattr__(self, f.name, value)
+        # which options were given here or by an explicit parent (a decorator's settings win
+        # for exactly these, over the profile and check()'s arguments)
+        explicit = frozenset(changes) | (getattr(base, "_explicit", frozenset()))
+        object.__setattr__(self, "_explicit", explicit)
         self._validate()
         self._validate_more()
 

@@ -59,12 +59,10 @@ def _resolve(spec: Spec, cfg: Settings | None, **overrides: Any) -> Settings:
     given = {k: v for k, v in overrides.items() if v is not None}
     if given:
         base = Settings(base, **given)
-    if spec.settings is not None:  # the decorator wins
-        changed = {f: getattr(spec.settings, f) for f in ("max_examples", "checks", "modes",
-                                                          "devices", "backward_repeats")
-                   if getattr(spec.settings, f) != getattr(Settings(), f)}
-        if changed:
-            base = Settings(base, **changed)
+    if spec.settings is not None:  # the decorator wins, for the options it sets
+        chosen = {f: getattr(spec.settings, f) for f in spec.settings._explicit}
+        if chosen:
+            base = Settings(base, **chosen)
     return base
 
 
@@ -214,7 +212,12 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
     # input variants run in eager mode only: under functionalize torch 2.13 crashed (SIGSEGV) on
     # an expanded in-place input, and new strides/aliasing recompile compiled modes
     kinds = spec.variants if mode.kind == "eager" else ()
-    strategy = st.tuples(with_variants(spec.inputs, spec.signature, spec.mutates, kinds),
+    inputs = spec.inputs
+    if spec.derived_inputs:  # inputs derived from the signature are drawn in settings.dtypes
+        from equiv.strategies import arguments_for
+
+        inputs = arguments_for(spec.signature, dtypes_=[getattr(torch, d) for d in cfg.dtypes])
+    strategy = st.tuples(with_variants(inputs, spec.signature, spec.mutates, kinds),
                          st.integers(0, 2**31 - 1))
 
     def test(ex_and_seed: tuple[tuple[Any, Variant], int]) -> None:

@@ -7,6 +7,7 @@ its input in place, marks it dirty and saves its *output* for backward.
 
 import torch
 
+import equiv
 from equiv import equivalent_to
 
 
@@ -51,6 +52,8 @@ def silu_ref(x):
     return x * torch.sigmoid(x)
 
 
-@equivalent_to(silu_ref, mutates={"x": "out"})
+# torch 2.13's aot_eager returns a wrong gradient for this (correct) Function: equiv reports it
+# as a compile-only divergence (see docs/modes.md), so the shipped example runs in eager only.
+@equivalent_to(silu_ref, mutates={"x": "out"}, settings=equiv.settings(modes=("eager",)))
 def silu_(x):
     return SiLUInPlace.apply(x)

@@ -563,3 +563,19 @@ def test_settings_tolerances_override_the_dtype_default():
     assert equiv.check(nearly_double, settings=loose).ok
     tight = equiv.settings(FAST, tolerances={"float32": (1e-3, 1e-5)})  # another dtype: no effect
     assert not equiv.check(nearly_double, settings=tight, raise_on_failure=False).ok
+
+
+def test_settings_dtypes_choose_the_dtypes_of_derived_inputs():
+    """settings(dtypes=...) decides the dtype of inputs derived from the signature."""
+    seen = set()
+
+    @equivalent_to(lambda x: x * 2)
+    def double(x):
+        seen.add(x.dtype)
+        return x * 2
+
+    equiv.check(double, settings=equiv.settings(FAST, dtypes=("float64",)))
+    assert seen == {torch.float64}
+    seen.clear()
+    equiv.check(double, settings=equiv.settings(FAST, dtypes=("bfloat16",)))
+    assert seen == {torch.bfloat16}

@@ -175,7 +175,7 @@ def test_plain_pytest_in_a_fresh_process_prints_the_header_after_collection(pyte
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
         "collected 2 items",
-        "equiv: profile=default modes=eager devices=cpu max_examples=30 --equiv-seed=*",
+        "equiv: profile=default modes=eager devices=cpu max_examples=60 --equiv-seed=*",
     ])
 
 

@@ -50,7 +50,7 @@ def test_settings_are_immutable_and_hashable():
 def test_builtin_profiles():
     """default is quick, ci is derandomized with more examples, thorough explores more."""
     d, ci, th = (settings.get_profile(n) for n in ("default", "ci", "thorough"))
-    assert (d.max_examples, d.derandomize, d.modes, d.devices) == (30, False, ("eager",), ("cpu",))
+    assert (d.max_examples, d.derandomize, d.modes, d.devices) == (60, False, ("eager",), ("cpu",))
     assert ci.derandomize and ci.max_examples > d.max_examples
     assert th.max_examples > ci.max_examples and "float64" in th.dtypes
 
@@ -155,3 +155,29 @@ def test_tolerances_accept_their_own_stored_form():
     assert settings(s).tolerances == s.tolerances == (("float64", 1e-9, 0.0),)
     with pytest.raises(equiv.InvalidArgument, match=r"settings\(tolerances=5\)"):
         settings(tolerances=5)
+
+
+def test_decorator_settings_win_even_when_they_equal_the_class_default():
+    """settings(modes=("eager",)) on a spec beats a profile that adds compile modes."""
+    import equiv
+    from equiv import equivalent_to
+
+    equiv.settings.register_profile("with-compile", modes=("eager", "compile[eager]"),
+                                    max_examples=3)
+    try:
+        equiv.settings.load_profile("with-compile")
+
+        @equivalent_to(lambda x: x * 2, settings=equiv.settings(modes=("eager",)))
+        def pinned(x):
+            return x * 2
+
+        @equivalent_to(lambda x: x * 2)
+        def unpinned(x):
+            return x * 2
+
+        assert equiv.check(pinned).modes == ("eager",)
+        assert equiv.check(unpinned).modes == ("eager", "compile[eager]")
+        assert equiv.check(pinned).settings.startswith("profile=with-compile max_examples=3")
+    finally:
+        equiv.settings.load_profile("default")
+        del equiv.settings._profiles["with-compile"]
