@@ -50,8 +50,34 @@ def sections(smoke: bool, device: str) -> list[tuple[str, str, list[str]]]:
         ("Time to first failure (default profile)", "first_failure", []),
         ("Strategies: generation cost and compile counts", "strategies_bench", []),
         ("Recorder overhead", "recorder_bench", []),
+        ("Function checks: extra cost", "functions", []),
         ("Modes: compilations and wall time", "modes_bench", extra),
     ]
+
+
+def _run_module(module: str, argv: list[str]) -> str:
+    """Run one benchmark module; its returned markdown, or what it printed as a text block."""
+    import contextlib
+    import inspect
+    import io
+    import logging
+
+    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
+    mod = importlib.import_module(module)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        if hasattr(mod, "main"):
+            takes_argv = bool(inspect.signature(mod.main).parameters)
+            result = mod.main(argv) if takes_argv else mod.main()
+        else:  # a script with phases (strategies_bench)
+            result = None
+            for phase in ("generation", "compile_counts"):
+                getattr(mod, phase)()
+    printed = buf.getvalue()
+    sys.stdout.write(printed)
+    if isinstance(result, str) and result.strip():
+        return result
+    return "```text\n" + printed.rstrip() + "\n```"
 
 
 def main(argv=None) -> int:
@@ -67,9 +93,8 @@ def main(argv=None) -> int:
             parts += [f"## {title}", "", f"(`bench/{module}.py` not present)", ""]
             continue
         start = time.perf_counter()
-        mod = importlib.import_module(module)
-        table = mod.main(margs)
-        parts += [f"## {title}", "", table or "", "",
+        table = _run_module(module, margs)
+        parts += [f"## {title}", "", table, "",
                   f"_{module}: {time.perf_counter() - start:.1f} s_", ""]
     text = "\n".join(parts)
     out = args.out or (None if args.smoke else str(HERE / "RESULTS.md"))

@@ -44,3 +44,32 @@ def test_code_blocks_run(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             exec(compile(code, f"{path.relative_to(ROOT)} block {i + 1}", "exec"), namespace)
         except Exception as e:  # re-raise with the block named
             raise AssertionError(f"{path.name} block {i + 1} failed: {e!r}\n{code}") from e
+
+
+def test_reference_covers_every_public_name_and_check():
+    """docs/reference.md names every re-exported name, every check and every failure class."""
+    import equiv
+    from equiv._settings import ALL_CHECKS
+    from equiv.errors import FAILURE_CLASSES
+
+    text = (ROOT / "docs" / "reference.md").read_text()
+    missing = [n for n in equiv.__all__ if f"`{n}" not in text]
+    missing += [c for c in ALL_CHECKS if f"`{c}`" not in text]
+    missing += sorted({c.__name__ for c in FAILURE_CLASSES.values()} - {
+        n for n in equiv.__all__ if f"`{n}`" in text})
+    assert not missing, f"docs/reference.md does not document: {missing}"
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_relative_links_resolve():
+    """The docs 'build': every relative link in README.md and docs/ points at a file."""
+    broken = []
+    for doc in documents():
+        for target in LINK.findall(doc.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (doc.parent / target).exists():
+                broken.append(f"{doc.relative_to(ROOT)} -> {target}")
+    assert not broken, broken
