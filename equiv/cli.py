@@ -3,6 +3,8 @@
 ``equiv check PATH_OR_MODULE...`` imports the files, folders and modules, runs every registered
 spec under each mode and device, and prints a summary table then each finding in full.
 ``equiv list PATH_OR_MODULE...`` lists the specs and their contracts.
+``equiv lab [--out PATH] [--open]`` writes the function lab page (docs/lab/index.html), its
+autograd panel recorded afresh from a real run, and opens it in a browser only with ``--open``.
 
 Exit status: 0 all passed, 1 findings (or a compile mode that compiled nothing), 2 usage or
 import error (the import traceback is printed).
@@ -51,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="equiv", description="Prove fast, mutating PyTorch implementations equivalent to "
         "their pure references.", epilog="Exit status: 0 all pass, 1 findings, 2 usage or "
         "import error.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{check,list}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{check,list,lab}")
     p = sub.add_parser("check", help="run every registered spec found in the targets",
                        description="Import the targets and run every @equivalent_to spec.")
     p.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE",
@@ -75,6 +77,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="progress bar on stderr (auto: only on a terminal)")
     q = sub.add_parser("list", help="list the specs found in the targets and their contracts")
     q.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE")
+    lab = sub.add_parser("lab", help="write the function lab page (and open it with --open)",
+                         description="Write the function lab: a self-contained page on why a "
+                         "backward rule must know which forward input it belongs to; its "
+                         "autograd panel is recorded from a real run now.")
+    lab.add_argument("--out", default="equiv-lab.html", metavar="PATH",
+                     help="where to write the page (default: equiv-lab.html)")
+    lab.add_argument("--open", action="store_true",
+                     help="open the page in the default web browser")
     return parser
 
 
@@ -83,6 +93,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
     out = out or sys.stdout
     err = err or sys.stderr
     args = _parser().parse_args(argv)  # usage errors exit 2 (argparse)
+    if args.command == "lab":
+        return _lab(args, out, err)
 
     import equiv
     from equiv._loader import load_target
@@ -123,6 +135,25 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
         return _check(args, specs, out, err)
     finally:
         equiv.settings._pop_session(previous)
+
+
+def _lab(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from pathlib import Path
+
+    from equiv._lab import write_page
+
+    try:
+        path = write_page(args.out).resolve()
+    except OSError as e:
+        print(f"equiv: could not write {args.out}: {e}", file=err)
+        return EXIT_USAGE
+    print(f"equiv: wrote the function lab to {path}", file=out)
+    if args.open:
+        import webbrowser
+
+        if not webbrowser.open(Path(path).as_uri()):
+            print(f"equiv: no browser could be opened; open {path} yourself", file=err)
+    return EXIT_OK
 
 
 def _list(specs: list[Any], out: TextIO) -> None:
