@@ -17,6 +17,7 @@ held between forward and backward is what limits batch size.
 import hypothesis.strategies as st
 import torch
 
+import equiv
 from equiv import equivalent_to
 from equiv.strategies import tensors
 
@@ -62,6 +63,9 @@ def _inputs():
     return st.tuples(st.integers(1, 6), st.integers(1, 8)).flatmap(build)
 
 
-@equivalent_to(abn_ref, mutates={"x": "out"}, inputs=_inputs())
+# Like activations.silu_ (a mark_dirty Function saving its output), torch 2.13's aot_eager gives
+# a wrong weight gradient here, which equiv attributes to the compiler; pinned to eager.
+@equivalent_to(abn_ref, mutates={"x": "out"}, inputs=_inputs(),
+               settings=equiv.settings(modes=("eager",)))
 def abn_(x, weight, bias):
     return InPlaceABN.apply(x, weight, bias)
