@@ -231,7 +231,8 @@ _SCALARS = {
 
 
 def arguments_for(signature: inspect.Signature, *,
-                  dtypes_: Sequence[torch.dtype] = DERIVED_DTYPES) -> st.SearchStrategy:
+                  dtypes_: Sequence[torch.dtype] = DERIVED_DTYPES,
+                  shape_strategy: st.SearchStrategy | None = None) -> st.SearchStrategy:
     """Argument tuples for a signature: every required tensor parameter gets a tensor of one
     shared drawn shape (``shapes()``: 0-d to 3-D, sides 0-4) and dtype (float32, float64),
     requiring grad; annotated ``float``/``int``/``bool`` parameters get small
@@ -262,7 +263,7 @@ def arguments_for(signature: inspect.Signature, *,
         # the dtype is the first choice: Hypothesis varies a test case's first choices most
         # the first dtype is the shrink target; the others twice as likely as listed once
         dt = draw(st.sampled_from(tuple(dtypes_[:1]) + tuple(dtypes_[1:]) * 2))
-        shp = draw(shapes())
+        shp = draw(shape_strategy if shape_strategy is not None else shapes())
         args: list[Any] = []
         kw: dict[str, Any] = {}
         for name, kind, keyword in kinds:

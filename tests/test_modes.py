@@ -646,3 +646,18 @@ def test_mark_dirty_function_gradient_diverges_only_when_compiled():
     f = next(f for f in report.findings if f.check == "gradients")
     assert f.argument == "x" and f.attribution.startswith("only the implementation under")
     assert _run("eager")(report).status == "passed"
+
+
+def test_compile_modes_draw_compile_friendly_derived_inputs():
+    """Inputs derived from the signature use compile-friendly shapes under compile modes, so
+    compilations stay bounded (<= 3) where eager's edge-case shapes would recompile each time."""
+
+    @equivalent_to(lambda x, y: x * y + x)
+    def fma(x, y):
+        return torch.addcmul(x, x, y)
+
+    report = check(fma, settings=equiv.settings(FAST, max_examples=40),
+                   modes=("compile[eager]",))
+    (run,) = report.runs
+    assert run.status == "passed" and run.examples >= 30
+    assert run.compilations is not None and 1 <= run.compilations <= 3, run
