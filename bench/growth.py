@@ -49,9 +49,20 @@ def _raw(shape) -> float:
     return time.perf_counter() - start
 
 
+def _peak_bytes(fn) -> int:
+    """Peak bytes of tensor storages allocated while ``fn`` runs (equiv's storage tracker)."""
+    from equiv.memory import _StorageTracker
+
+    tracker = _StorageTracker()
+    with tracker:
+        fn()
+    tracker.close()
+    return tracker.peak
+
+
 def size_table(max_numel: int) -> str:
-    rows = ["| elements | check() per example ms | impl+ref fwd+2 bwd ms | ratio | gradcheck fast ms | gradcheck slow ms |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = ["| elements | check() per example ms | impl+ref fwd+2 bwd ms | ratio | check() peak MiB | raw peak MiB | gradcheck fast ms | gradcheck slow ms |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     numel = 100
     while numel <= max_numel:
         shape = (numel,)
@@ -61,6 +72,9 @@ def size_table(max_numel: int) -> str:
             type(impl)(impl.__code__, impl.__globals__, f"impl_{numel}"))
         t_check = _check(fn, inputs)
         t_raw = _raw(shape)
+        mib = 1024 * 1024
+        peak_check = _peak_bytes(lambda: _check(fn, inputs, n=1)) / mib
+        peak_raw = _peak_bytes(lambda: _raw(shape)) / mib
         gc_fast = gc_slow = "-"
         if numel <= 10_000:
             x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
@@ -73,7 +87,8 @@ def size_table(max_numel: int) -> str:
                 torch.autograd.gradcheck(impl, (x, w), fast_mode=False)
                 gc_slow = f"{(time.perf_counter() - s) * 1e3:.1f}"
         rows.append(f"| {numel:,} | {t_check * 1e3:.1f} | {t_raw * 1e3:.1f} | "
-                    f"{t_check / t_raw:.1f}x | {gc_fast} | {gc_slow} |")
+                    f"{t_check / t_raw:.1f}x | {peak_check:.1f} | {peak_raw:.1f} | "
+                    f"{gc_fast} | {gc_slow} |")
         numel *= 10
     return "\n".join(rows)
 
