@@ -228,7 +228,7 @@ class settings:
 # then costs ~10x the CPU time (compilation), and two shipped correct examples fail under
 # aot_eager on torch 2.13 (a real compiler divergence for a mark_dirty Function, and foreach Adam
 # failing to trace), so the default stays eager until the lead decides; `thorough` has them all.
-DEFAULT_MODES: tuple[str, ...] = ("eager",)
+DEFAULT_MODES: tuple[str, ...] = ("eager", "compile[aot_eager]")
 THOROUGH_MODES = ("eager", "compile[aot_eager]", "compile[inductor]", "functionalize", "vmap",
                   "jvp")
 

@@ -18,7 +18,8 @@ from equiv.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = str(ROOT / "examples")
 FAILING = str(ROOT / "examples" / "failing")
-QUICK = ["--max-examples", "4", "--seed", "7"]
+# mechanics tests pin the mode (compile modes have their own tests in test_modes.py)
+QUICK = ["--modes", "eager", "--max-examples", "4", "--seed", "7"]
 
 
 @pytest.fixture(autouse=True)
@@ -172,7 +173,7 @@ def test_bad_option_values_exit_2_naming_the_option(capsys):
 
 def test_unknown_mode_is_an_error_row_and_exit_2():
     """A mode the runner does not know shows ERROR with the runner's message, exit 2."""
-    code, out, _ = run("check", EXAMPLES, "--modes", "nosuchmode", *QUICK)
+    code, out, _ = run("check", EXAMPLES, *QUICK, "--modes", "nosuchmode")
     assert code == 2
     assert rows(out)[("activations.relu_", "nosuchmode", "cpu")] == ["ERROR", "-", "-"]
     assert "unknown mode 'nosuchmode'" in out
@@ -265,7 +266,7 @@ def test_a_compile_mode_that_compiled_nothing_is_not_a_pass(monkeypatch, tmp_pat
 
     monkeypatch.setattr(equiv.run, "check", fake_check)
     path = tmp_path / "r.json"
-    code, out, _ = run("check", EXAMPLES, "--modes", "compile[aot_eager]", *QUICK,
+    code, out, _ = run("check", EXAMPLES, *QUICK, "--modes", "compile[aot_eager]",
                        "--json", str(path))
     assert code == 1
     table = rows(out)

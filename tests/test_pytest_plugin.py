@@ -42,7 +42,9 @@ TEST_MODULE = textwrap.dedent('''
     test_kernels = tests_for(relu_, scale_stale)
 ''')
 
-FAST = ("--equiv-max-examples=3", "--equiv-seed=123", "-p", "no:cacheprovider")
+# mechanics tests pin the mode (compile modes have their own tests in test_modes.py)
+FAST = ("--equiv-modes=eager", "--equiv-max-examples=3", "--equiv-seed=123", "-p",
+        "no:cacheprovider")
 CUDA = torch.cuda.is_available()
 
 
@@ -165,7 +167,7 @@ def test_header_states_profile_modes_devices_and_seed(project):
 
 def test_plain_pytest_in_a_fresh_process_prints_the_header_after_collection(pytester):
     """No option, no conftest: the header comes once equiv items are collected."""
-    few = 'settings=__import__("equiv").settings(max_examples=3))'  # keep it quick
+    few = 'settings=__import__("equiv").settings(max_examples=3, modes=("eager",)))'  # quick
     pytester.makepyfile(kernels=KERNELS.replace('mutates={"x": "out"})',
                                                 'mutates={"x": "out"}, ' + few)
                         .replace("@equivalent_to(scale_ref)", "@equivalent_to(scale_ref, " + few),
@@ -175,7 +177,8 @@ def test_plain_pytest_in_a_fresh_process_prints_the_header_after_collection(pyte
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
         "collected 2 items",
-        "equiv: profile=default modes=eager devices=cpu max_examples=60 --equiv-seed=*",
+        "equiv: profile=default modes=eager,compile[[]aot_eager[]] devices=cpu max_examples=60 "
+        "--equiv-seed=*",
     ])
 
 
@@ -194,8 +197,8 @@ def test_random_seed_is_printed_and_used_in_the_reproduce_line(project):
 
 def test_ci_profile_is_derandomized_and_says_so(project):
     """--equiv-profile=ci: the header says derandomized and reproduce flags carry no seed."""
-    result = project.runpytest_inprocess("--equiv-profile=ci", "--equiv-max-examples=3",
-                                         "-p", "no:cacheprovider")
+    result = project.runpytest_inprocess("--equiv-profile=ci", "--equiv-modes=eager",
+                                         "--equiv-max-examples=3", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
         "equiv: profile=ci modes=eager devices=cpu max_examples=3 derandomized",
@@ -261,7 +264,7 @@ def test_bad_options_are_usage_errors_naming_the_option(project, args, message):
 
 def test_unknown_mode_fails_the_item_naming_the_option(project):
     """A mode the runner does not know fails each item with the runner's message."""
-    result = project.runpytest_inprocess("--equiv-modes=nosuchmode", "-k", "relu_", *FAST)
+    result = project.runpytest_inprocess(*FAST, "--equiv-modes=nosuchmode", "-k", "relu_")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "unknown mode 'nosuchmode'*",
@@ -298,7 +301,8 @@ def test_xdist_gives_the_same_verdicts_as_a_serial_run_with_the_controllers_seed
     and findings equal a serial run's with that seed; one report is gathered from the workers."""
     serial, parallel = tmp_path / "serial.json", tmp_path / "parallel.json"
     result = project.runpytest_subprocess("-n", "2", f"--equiv-report={parallel}",
-                                          "--equiv-max-examples=3", "-p", "no:cacheprovider")
+                                          "--equiv-modes=eager", "--equiv-max-examples=3",
+                                          "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
     header = [ln for ln in result.stdout.lines if ln.startswith("equiv: profile=")]
     assert header and header[0].startswith(
@@ -306,8 +310,9 @@ def test_xdist_gives_the_same_verdicts_as_a_serial_run_with_the_controllers_seed
     seed = int(header[0].rsplit("=", 1)[1])
     result.stdout.fnmatch_lines(["*MutationMismatch: argument 'w' was modified*",
                                  f"*--equiv-seed={seed}"])
-    project.runpytest_inprocess(f"--equiv-report={serial}", "--equiv-max-examples=3",
-                                f"--equiv-seed={seed}", "-p", "no:cacheprovider")
+    project.runpytest_inprocess(f"--equiv-report={serial}", "--equiv-modes=eager",
+                                "--equiv-max-examples=3", f"--equiv-seed={seed}",
+                                "-p", "no:cacheprovider")
 
     def verdicts(p):
         return {(r["nodeid"], r["verdict"], r["seed"],

@@ -50,7 +50,8 @@ def test_settings_are_immutable_and_hashable():
 def test_builtin_profiles():
     """default is quick, ci is derandomized with more examples, thorough explores more."""
     d, ci, th = (settings.get_profile(n) for n in ("default", "ci", "thorough"))
-    assert (d.max_examples, d.derandomize, d.modes, d.devices) == (60, False, ("eager",), ("cpu",))
+    assert (d.max_examples, d.derandomize, d.modes, d.devices) == (
+        60, False, ("eager", "compile[aot_eager]"), ("cpu",))
     assert ci.derandomize and ci.max_examples > d.max_examples
     assert th.max_examples > ci.max_examples and "float64" in th.dtypes
 
