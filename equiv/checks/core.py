@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from equiv._compat import keystr, tree_flatten, tree_flatten_with_path
+from equiv._compat import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 from equiv._settings import settings as Settings
 from equiv.compare import Mismatch, compare_leaf, compare_trees
 from equiv.errors import InvalidArgument
@@ -157,10 +157,7 @@ class _Run:
             )
             return self._outcome()
 
-        try:
-            expected_out, finals, consumed = self._split(ref_result)
-        except ReferenceError_:
-            raise
+        expected_out, finals, consumed = self._split(ref_result)
         ref_result_raw = ref_result
         if self.cross:
             expected_out = _cast_like(expected_out, impl_result)
@@ -512,8 +509,6 @@ class _Run:
 def _cast_like(ref: Any, like: Any) -> Any:
     """``ref``'s floating tensors converted to the dtype and device of the matching leaf of
     ``like`` (differentiably); unchanged where the structures differ."""
-    from equiv._compat import tree_unflatten
-
     r_flat, r_spec = tree_flatten(ref)
     l_flat, l_spec = tree_flatten(like)
     if r_spec != l_spec:
@@ -538,15 +533,11 @@ def _group_keys(side: Side, template: Template) -> dict[Any, int]:
 
 def _detached(tree: Any) -> Any:
     flat, spec = tree_flatten(tree)
-    from equiv._compat import tree_unflatten
-
     return tree_unflatten([x.detach() if isinstance(x, torch.Tensor) else x for x in flat], spec)
 
 
 def _detached_clone(tree: Any) -> Any:
     flat, spec = tree_flatten(tree)
-    from equiv._compat import tree_unflatten
-
     with torch.no_grad():
         return tree_unflatten(
             [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in flat], spec)
