@@ -3,7 +3,7 @@
     python bench/modes_bench.py [--examples 100] [--modes eager,compile[eager],compile[aot_eager]]
                                 [--inductor] [--device cpu] [TARGET ...]
 
-Goal (issue 5): <= 3 compilations per (spec, backend) over 100 examples, 0 silent fallbacks
+Goal: <= 3 compilations per (spec, backend) over 100 examples, 0 silent fallbacks
 (a fallback would show as status 'not compiled', never as 'passed').
 """
 

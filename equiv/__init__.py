@@ -7,14 +7,15 @@ from equiv.errors import (
     EquivError,
     ErrorMismatch,
     GradientMismatch,
+    InternalError,
     InvalidArgument,
     MemoryMismatch,
     MutationMismatch,
     OutputMismatch,
     ScheduleMismatch,
 )
-from equiv.checks.schedules import Schedule
-from equiv.examples import Args
+from equiv._args import Args
+from equiv._schedule import Schedule
 from equiv.modes import Mode, compiled
 from equiv.report import Finding, ModeResult, Report
 from equiv.run import check
@@ -30,6 +31,7 @@ __all__ = [
     "ErrorMismatch",
     "Finding",
     "GradientMismatch",
+    "InternalError",
     "InvalidArgument",
     "MemoryMismatch",
     "Mode",

@@ -7,11 +7,12 @@ from typing import Any
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode  # private path, stable since 1.13
 
+from equiv.errors import InvalidArgument
+
 tree_flatten = pytree.tree_flatten
 tree_unflatten = pytree.tree_unflatten
 tree_flatten_with_path = pytree.tree_flatten_with_path
 keystr = pytree.keystr
-TreeSpec = pytree.TreeSpec
 
 
 # -- custom Functions and torch.library custom ops (equiv.checks.function) -------------------
@@ -51,10 +52,6 @@ def op_schema(overload: Any) -> Any:
     return overload._schema
 
 
-def is_leaf_none(x: Any) -> bool:
-    return x is None
-
-
 # -- torch.compile internals (imported lazily: ``import equiv`` must not load Dynamo) -----------
 def dynamo() -> Any:
     """``torch._dynamo``, imported on first use by a compile mode."""
@@ -64,8 +61,6 @@ def dynamo() -> Any:
 
 
 def lookup_backend(name: str) -> Any:
-    from equiv.errors import InvalidArgument
-
     d = dynamo()
     try:
         return d.lookup_backend(name)

@@ -102,26 +102,9 @@ def _finding(n: int, r: dict[str, Any], f: dict[str, Any]) -> str:
     return (
         f'<section class="finding" id="finding-{n}"><h2>{n}. {escape(f.get("kind", ""))}: '
         f'{escape(f.get("headline", ""))}</h2><dl class="facts">{dl}</dl>'
-        f"<h3>Timeline</h3>{picture}{_memory(f.get('memory'))}"
+        f"<h3>Timeline</h3>{picture}"
         f'<details><summary>Full message</summary><pre class="message">'
         f'{escape(f.get("message", ""))}</pre></details></section>')
-
-
-def _memory(mem: Any) -> str:
-    if not isinstance(mem, dict) or not mem:
-        return ""
-    numeric = [v for v in mem.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    top = max(numeric, default=0) or 1
-    rows = []
-    for k, v in mem.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            width = max(1, int(240 * v / top)) if v > 0 else 0
-            shown = _bytes(v) if "bytes" in k else f"{v:g}"
-            cell = f'<span class="bar" style="width:{width}px"></span>{escape(shown)}'
-        else:
-            cell = escape(str(v))
-        rows.append(f"<tr><th>{escape(str(k))}</th><td>{cell}</td></tr>")
-    return f'<h3>Memory</h3><table class="memory">{"".join(rows)}</table>'
 
 
 def _bytes(v: float) -> str:
@@ -183,23 +166,7 @@ def timeline_svg(events: list[dict[str, Any]]) -> str:
     def x_of(step: Any) -> float:
         return left + col_w * col[int(step)] + col_w / 2
 
-    # phase bands: consecutive steps of one phase share a band
-    bands: list[list[Any]] = []
-    for e in sorted(events, key=lambda e: int(e.get("step", 0))):
-        phase = e.get("phase")
-        if phase is None:
-            continue
-        if bands and bands[-1][0] == phase:
-            bands[-1][2] = int(e.get("step", 0))
-        else:
-            bands.append([phase, int(e.get("step", 0)), int(e.get("step", 0))])
-    for i, (phase, first, last) in enumerate(bands):
-        x0, x1 = x_of(first) - col_w / 2 + 1, x_of(last) + col_w / 2 - 1
-        out.append(f'<g class="phase" data-phase="{escape(str(phase))}">'
-                   f'<rect x="{x0:.0f}" y="2" width="{x1 - x0:.0f}" height="16" rx="3" '
-                   f'fill="{"#ddf4ff" if i % 2 == 0 else "#fff8c5"}"/>'
-                   f'<text x="{(x0 + x1) / 2:.0f}" y="14" text-anchor="middle" font-size="11" '
-                   f'fill="#1f2328">{escape(_clip(str(phase), int((x1 - x0) / 7)))}</text></g>')
+    out += _phase_bands(events, x_of, col_w)
     out.append(f'<text x="8" y="34" fill="#59636e">storage \\ step</text>')
     for st in steps:  # step numbers
         out.append(f'<text x="{x_of(st):.0f}" y="34" text-anchor="middle" fill="#59636e">'
@@ -245,6 +212,28 @@ def timeline_svg(events: list[dict[str, Any]]) -> str:
         f'{COLORS["untracked"]}"></i>stale read (changed since saved)</span>'
         "<span>┆ optimizer step</span></figcaption></figure>")
     return "".join(out)
+
+
+def _phase_bands(events: list[dict[str, Any]], x_of: Any, col_w: float) -> list[str]:
+    """Bands along the top: consecutive steps of one phase share a band."""
+    out: list[str] = []
+    bands: list[list[Any]] = []
+    for e in sorted(events, key=lambda e: int(e.get("step", 0))):
+        phase = e.get("phase")
+        if phase is None:
+            continue
+        if bands and bands[-1][0] == phase:
+            bands[-1][2] = int(e.get("step", 0))
+        else:
+            bands.append([phase, int(e.get("step", 0)), int(e.get("step", 0))])
+    for i, (phase, first, last) in enumerate(bands):
+        x0, x1 = x_of(first) - col_w / 2 + 1, x_of(last) + col_w / 2 - 1
+        out.append(f'<g class="phase" data-phase="{escape(str(phase))}">'
+                   f'<rect x="{x0:.0f}" y="2" width="{x1 - x0:.0f}" height="16" rx="3" '
+                   f'fill="{"#ddf4ff" if i % 2 == 0 else "#fff8c5"}"/>'
+                   f'<text x="{(x0 + x1) / 2:.0f}" y="14" text-anchor="middle" font-size="11" '
+                   f'fill="#1f2328">{escape(_clip(str(phase), int((x1 - x0) / 7)))}</text></g>')
+    return out
 
 
 def _clip(text: str, n: int) -> str:

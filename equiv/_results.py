@@ -89,7 +89,6 @@ def finding_dict(f: Finding) -> dict[str, Any]:
         "traceback": f.traceback,
         "reproduce": f.reproduce,
         "timeline": [_event(e) for e in (getattr(f, "timeline", None) or ())],
-        "memory": _plain(getattr(f, "memory", None)),
         "message": f.render(),
     }
 

@@ -6,25 +6,11 @@ import dataclasses
 import os
 from typing import Any, ClassVar
 
+from equiv._catalog import CHECK_NAMES
 from equiv.errors import InvalidArgument
 
-#: every check the core runs, in report order
-ALL_CHECKS: tuple[str, ...] = (
-    "error-parity",
-    "forward",
-    "mutation",
-    "aliasing",
-    "gradients",
-    "repeated-backward",
-    # custom autograd.Functions and torch.library custom ops (equiv.checks.function)
-    "mark-dirty",
-    "needs-input-grad",
-    "double-backward",
-    "opcheck",
-    "output-stability",
-    "schedule",
-    "memory",
-)
+#: every check, in run and report order (the catalog's)
+ALL_CHECKS: tuple[str, ...] = CHECK_NAMES
 
 _DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128", "int8",
            "int16", "int32", "int64", "uint8", "bool")
@@ -223,11 +209,8 @@ class settings:
         )
 
 
-# -- profile defaults for execution modes (issue 5; one small, separate edit) ------------------
-# The issue asks for eager + compile[aot_eager] by default. Measured: `equiv check examples/`
-# then costs ~10x the CPU time (compilation), and two shipped correct examples fail under
-# aot_eager on torch 2.13 (a real compiler divergence for a mark_dirty Function, and foreach Adam
-# failing to trace), so the default stays eager until the lead decides; `thorough` has them all.
+# -- profile defaults for execution modes ------------------------------------------------------
+# default: eager and compile[aot_eager]; thorough: every mode.
 DEFAULT_MODES: tuple[str, ...] = ("eager", "compile[aot_eager]")
 THOROUGH_MODES = ("eager", "compile[aot_eager]", "compile[inductor]", "functionalize", "vmap",
                   "jvp")
@@ -245,8 +228,7 @@ def _load_environment_profile() -> None:
         settings.load_profile("ci")
 
 
-# issue 7: ci runs more examples, thorough also draws float64 (kept apart from the lines above so
-# that edits of the profiles' modes merge cleanly)
+# ci runs more examples; thorough also draws float64
 settings._profiles["ci"] = settings(settings._profiles["ci"], max_examples=100)
 settings._profiles["thorough"] = settings(settings._profiles["thorough"],
                                           dtypes=("float32", "float64"))

@@ -10,6 +10,7 @@ from typing import Any, Iterator
 import torch
 
 from equiv._compat import keystr, tree_flatten_with_path
+from equiv.examples import tensor_summary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +116,6 @@ def compare_trees(actual: Any, expected: Any, *, rtol: float | None, atol: float
 
 def _short(x: Any) -> str:
     if isinstance(x, torch.Tensor):
-        from equiv.examples import tensor_summary
-
         return f"a tensor {tensor_summary(x)}"
     return f"{type(x).__name__} {x!r:.60}"
 

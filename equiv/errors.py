@@ -10,6 +10,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "EquivError",
     "InvalidArgument",
+    "InternalError",
     "EquivalenceFailure",
     "OutputMismatch",
     "MutationMismatch",
@@ -27,6 +28,10 @@ class EquivError(Exception):
 
 class InvalidArgument(EquivError, TypeError):
     """equiv was used wrongly (a registration or option mistake); the message names the fix."""
+
+
+class InternalError(EquivError, RuntimeError):
+    """equiv itself failed (a bug in equiv, not in the code under test); please report it."""
 
 
 class EquivalenceFailure(EquivError, AssertionError):
@@ -69,25 +74,8 @@ class MemoryMismatch(EquivalenceFailure):
 
 
 for _cls in (
-    EquivError, InvalidArgument, EquivalenceFailure, OutputMismatch, MutationMismatch,
+    EquivError, InvalidArgument, InternalError, EquivalenceFailure, OutputMismatch, MutationMismatch,
     AliasingMismatch, GradientMismatch, ErrorMismatch, ScheduleMismatch, MemoryMismatch,
 ):
     _cls.__module__ = "equiv"
 del _cls
-
-#: check name -> the failure class raised when only that kind of finding occurs
-FAILURE_CLASSES: dict[str, type[EquivalenceFailure]] = {
-    "forward": OutputMismatch,
-    "output-stability": OutputMismatch,
-    "mutation": MutationMismatch,
-    "aliasing": AliasingMismatch,
-    "gradients": GradientMismatch,
-    "repeated-backward": GradientMismatch,
-    "error-parity": ErrorMismatch,
-    "schedule": ScheduleMismatch,
-    "memory": MemoryMismatch,
-    # custom autograd.Functions and torch.library custom ops (equiv.checks.function)
-    "mark-dirty": GradientMismatch,
-    "needs-input-grad": GradientMismatch,
-    "double-backward": GradientMismatch,
-}

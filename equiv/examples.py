@@ -15,38 +15,13 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from equiv._args import Args, as_args
 from equiv._compat import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+
+__all__ = ["Args", "Side", "Template", "as_args", "tensor_summary"]
 
 _IMMUTABLE = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device,
               torch.layout, torch.memory_format)
-
-
-@dataclasses.dataclass(frozen=True)
-class Args:
-    """Positional and keyword arguments of one example: ``Args(x, y, alpha=2.0)``."""
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        object.__setattr__(self, "args", tuple(args))
-        object.__setattr__(self, "kwargs", dict(kwargs))
-
-    def __repr__(self) -> str:
-        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
-        return f"Args({', '.join(parts)})"
-
-
-def as_args(value: Any) -> Args:
-    """Normalise what a strategy or ``examples=`` produced into :class:`Args`."""
-    if isinstance(value, Args):
-        return value
-    if isinstance(value, tuple):
-        return Args(*value)
-    raise TypeError(
-        f"an example must be a tuple of positional arguments or equiv.Args(...), got "
-        f"{type(value).__name__}: {value!r:.80}"
-    )
 
 
 @dataclasses.dataclass

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from equiv._args import Args
 from equiv._compat import TorchDispatchMode, tree_flatten
+from equiv.errors import InvalidArgument
+from equiv.examples import Template, tensor_summary
+from equiv.spec import get_spec
+from equiv.timeline import _geometry, ctx_tensors, saved_by
 
-if TYPE_CHECKING:  # pragma: no cover
-    from equiv.checks.core import _Run
 
 __all__ = ["MemoryComparison", "MemoryStats", "compare_memory", "measure"]
 
@@ -66,8 +69,6 @@ class _StorageTracker(TorchDispatchMode):
 def _retained(outputs: list[torch.Tensor], saved: list[torch.Tensor],
               names: dict[int, str]) -> tuple[int, tuple[tuple[str, int], ...]]:
     """Unique storage bytes of saved tensors and of ctx attributes reachable from ``outputs``."""
-    from equiv.examples import tensor_summary
-    from equiv.timeline import _geometry, ctx_tensors, saved_by
 
     nodes = saved_by(outputs)
     entries = [(t, nodes.get(_geometry(t), "autograd")) for t in saved]
@@ -142,7 +143,7 @@ def measure(fn: Any, side: Any, cotangent_seed: int = 0) -> MemoryStats | None:
     return MemoryStats(peak, retained, by)
 
 
-def _table(impl: MemoryStats, ref: MemoryStats) -> str:
+def memory_table(impl: MemoryStats, ref: MemoryStats) -> str:
     return "\n".join([
         f"{'':<16}{'peak (fwd+bwd)':>18}{'retained after forward':>26}",
         f"{'implementation':<16}{impl.peak_bytes:>16,} B{impl.retained_bytes:>24,} B",
@@ -158,7 +159,7 @@ class MemoryComparison:
     reference: MemoryStats
 
     def __str__(self) -> str:
-        return _table(self.implementation, self.reference)
+        return memory_table(self.implementation, self.reference)
 
 
 def compare_memory(impl: Any, *args: Any, **kwargs: Any) -> MemoryComparison:
@@ -167,10 +168,6 @@ def compare_memory(impl: Any, *args: Any, **kwargs: Any) -> MemoryComparison:
 
     Raises ``InvalidArgument`` when either side raises on the example.
     """
-    from equiv.errors import InvalidArgument
-    from equiv.examples import Args, Template
-    from equiv.spec import get_spec
-
     spec = get_spec(impl)
     template = Template(spec.signature, Args(*args, **kwargs), spec.mutates.keys())
     impl_stats = measure(spec.impl, template.instantiate())
@@ -180,41 +177,3 @@ def compare_memory(impl: Any, *args: Any, **kwargs: Any) -> MemoryComparison:
         raise InvalidArgument(f"compare_memory: the {side} raised on this example; pass "
                               "arguments both sides accept.")
     return MemoryComparison(impl_stats, ref_stats)
-
-
-def check_memory(run: "_Run") -> None:
-    """The ``memory`` check: only when the spec sets max_memory_ratio= or max_retained_bytes=."""
-    spec = run.spec
-    if spec.max_memory_ratio is None and spec.max_retained_bytes is None:
-        return
-    template = run.template
-    assert template is not None
-    device = None if run.device == "cpu" else run.device
-    impl = measure(spec.impl, template.instantiate(device=device), run.cot_seed)
-    ref = measure(spec.ref, template.instantiate(device=device), run.cot_seed)
-    if impl is None or ref is None:
-        return
-    table = _table(impl, ref)
-    top = impl.retained_by[0][0] if impl.retained_by else None
-    if spec.max_retained_bytes is not None and impl.retained_bytes > spec.max_retained_bytes:
-        holders = "\n".join(f"  {b:>12,} B  {what}" for what, b in impl.retained_by[:5])
-        run.finding(
-            "memory",
-            f"the graph keeps {impl.retained_bytes:,} B alive after forward, more than "
-            f"max_retained_bytes={spec.max_retained_bytes:,}.",
-            argument=top, details=f"{table}\nkept alive by (unique storages):\n{holders}",
-            likely_cause=f"{top} retains its whole storage until backward."
-                         if top else None,
-            fix="save a compact copy (.clone() of the small view) or recompute in backward, so "
-                "the large storage can be freed after forward.",
-        )
-    if spec.max_memory_ratio is not None and ref.peak_bytes > 0:
-        ratio = impl.peak_bytes / ref.peak_bytes
-        if ratio > spec.max_memory_ratio:
-            run.finding(
-                "memory",
-                f"peak memory over forward + backward is {ratio:.2f}x the reference's, more "
-                f"than max_memory_ratio={spec.max_memory_ratio:g}.",
-                argument=top, details=table,
-                fix="avoid temporaries (in-place where safe) or relax max_memory_ratio=.",
-            )

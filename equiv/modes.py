@@ -220,7 +220,6 @@ class ModeRun:
         self.not_compiled: str | None = None
         self.unsupported: str | None = None
         self.examples = 0
-        self.flaky = False
         self.ref_device: str | None = None  # where the reference runs, when not beside impl
         self.ref_dtype: torch.dtype | None = None
         self._compiled: dict[str, Callable[..., Any]] = {}

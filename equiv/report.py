@@ -6,7 +6,9 @@ import dataclasses
 import json
 from typing import Any
 
-from equiv.errors import FAILURE_CLASSES, EquivalenceFailure
+from equiv._catalog import FAILURE_CLASSES
+from equiv.errors import EquivalenceFailure
+from equiv.timeline import render as render_timeline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +86,6 @@ class Finding:
         if self.attribution:
             lines.append(f"Attribution: {self.attribution}")
         if self.timeline:
-            from equiv.timeline import render as render_timeline
-
             lines.append("Timeline (implementation, replayed under the recorder):")
             text = render_timeline(self.timeline, max_events=80)
             lines.extend("  " + ln for ln in text.splitlines())

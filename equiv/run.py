@@ -12,17 +12,17 @@ from hypothesis import HealthCheck, Phase
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure, Unsatisfiable
 
+from equiv._args import as_args
 from equiv._settings import settings as Settings
-from equiv.checks.core import Outcome, run_example
 from equiv.compare import dtype_tolerances
 from equiv.errors import InvalidArgument
-from equiv.examples import as_args
-from equiv.modes import MODE_NAMES, Mode, ModeRun, NotCompiled, device_unavailable, parse_mode
+from equiv.modes import Mode, ModeRun, NotCompiled, device_unavailable, parse_mode
+from equiv.execution.record import Placement
+from equiv.pipeline import Outcome, execute_example, narrowed
 from equiv.report import Finding, ModeResult, Report
 from equiv.spec import Spec, get_spec
+from equiv.strategies import arguments_for, shapes
 from equiv.variants import NO_VARIANT, Variant, excused, with_variants
-
-KNOWN_MODES = MODE_NAMES
 
 
 class _Found(Exception):
@@ -134,8 +134,6 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
 
 
 def _reference_placement(device: Any, dtype: Any) -> tuple[str | None, Any]:
-    import torch
-
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise InvalidArgument(f"check(reference_dtype={dtype!r}): give a floating torch.dtype, "
                               "e.g. torch.float64.")
@@ -147,85 +145,28 @@ def _reference_placement(device: Any, dtype: Any) -> tuple[str | None, Any]:
     return device, dtype
 
 
-def _mode_settings(cfg: Settings, mode: Mode) -> Settings:
-    if mode.kind == "functionalize":
-        from equiv.modes import _FUNCTIONALIZE_CHECKS
+def _inputs(spec: Spec, cfg: Settings, mode: Mode) -> Any:
+    """The example strategy of one mode: the spec's, or derived from the signature in
+    ``settings.dtypes`` (compile modes: one dtype and compile-friendly shapes, so recompilations
+    stay bounded; eager explores the edge-case shapes)."""
+    if not spec.derived_inputs:
+        return spec.inputs
+    dtypes = [getattr(torch, d) for d in cfg.dtypes]
+    if mode.kind == "compile":
+        return arguments_for(spec.signature, dtypes_=dtypes[:1],
+                             shape_strategy=shapes(compile_friendly=True, max_dims=2))
+    return arguments_for(spec.signature, dtypes_=dtypes)
 
-        kept = tuple(c for c in cfg.checks if c in _FUNCTIONALIZE_CHECKS)
-        return Settings(cfg, checks=kept or ("forward",))
-    return cfg
 
-
-def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int | None,
-              stats: dict[str, int], reference: tuple[str | None, Any] = (None, None),
-              ) -> tuple[list[Finding], list[str], ModeResult]:
-    """Drive Hypothesis over the examples of one (mode, device)."""
-    state = ModeRun(mode, spec.impl, spec.ref)
-    state.ref_device, state.ref_dtype = reference
-    mcfg = _mode_settings(cfg, mode)
-    notes: list[str] = []
-    if mode.kind == "functionalize":
-        notes.append("functionalize: gradients are not compared in this mode (functionalize "
-                     "does not compose with autograd on mutated inputs)")
-    last_invalid: list[str] = []
-
-    def body(example: Any, cot_seed: int, variant: Variant = NO_VARIANT) -> None:
-        if state.not_compiled is not None or state.unsupported is not None:
-            return  # the mode stopped: nothing more is checked (reported, never a pass)
-        try:
-            args = as_args(example)
-        except TypeError as e:
-            raise _Abort(InvalidArgument(f"equivalent_to(inputs=...) produced a bad example: {e}"))
-        try:
-            outcome: Outcome = _execute(spec, args, cot_seed, mcfg, state, device)
-        except NotCompiled:
-            return
-        except InvalidArgument as e:
-            raise _Abort(e) from None
-        stats["runs"] += 1
-        for n in outcome.notes:
-            if n not in notes:
-                notes.append(n)
-        if outcome.invalid is not None or excused(variant, outcome.findings):
-            stats["invalid"] += 1
-            last_invalid[:] = [outcome.invalid or f"the implementation raised on the input "
-                               f"variant {variant.description!r} (must raise or match)"]
-            hypothesis.reject()
-        state.examples += 1
-        if outcome.findings:
-            stats["first_failure"] = stats["first_failure"] or stats["runs"]
-            template = outcome.template
-            name = spec.impl.__name__ if hasattr(spec.impl, "__name__") else spec.name
-            example_text = template.describe(name) if template else ""
-            code = template.code(name) if template else ""
-            reproduce = (f"equiv.check({name}, seed={run_seed})" if run_seed is not None else
-                         f"equiv.check({name}) with the same profile ({cfg.profile}: "
-                         "derandomized)")
-            findings = [
-                _with(f, example=example_text, example_code=code, reproduce=reproduce,
-                      details=f"{f.details}\ninput variant: {variant.description}".lstrip()
-                      if variant else f.details)
-                for f in outcome.findings
-            ]
-            raise _signal(findings[0].check)(findings, args, cot_seed)
-
+def _hypothesis_test(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int | None,
+                     body: Callable[[Any, int, Variant], None]) -> Callable[[], None]:
+    """The Hypothesis test of one (spec, mode, device): draws (example, variant, cotangent
+    seed) and calls ``body``; explicit ``examples=`` first."""
     # input variants run in eager mode only: under functionalize torch 2.13 crashed (SIGSEGV) on
     # an expanded in-place input, and new strides/aliasing recompile compiled modes
     kinds = spec.variants if mode.kind == "eager" else ()
-    inputs = spec.inputs
-    if spec.derived_inputs:  # inputs derived from the signature are drawn in settings.dtypes
-        from equiv.strategies import arguments_for, shapes
-
-        dtypes = [getattr(torch, d) for d in cfg.dtypes]
-        if mode.kind == "compile":
-            # one dtype and compile-friendly shapes (few ranks, sides >= 2 in buckets) keep
-            # recompilations bounded; eager explores the edge-case shapes
-            inputs = arguments_for(spec.signature, dtypes_=dtypes[:1],
-                                   shape_strategy=shapes(compile_friendly=True, max_dims=2))
-        else:
-            inputs = arguments_for(spec.signature, dtypes_=dtypes)
-    strategy = st.tuples(with_variants(inputs, spec.signature, spec.mutates, kinds),
-                         st.integers(0, 2**31 - 1))
+    strategy = st.tuples(with_variants(_inputs(spec, cfg, mode), spec.signature, spec.mutates,
+                                       kinds), st.integers(0, 2**31 - 1))
 
     def test(ex_and_seed: tuple[tuple[Any, Variant], int]) -> None:
         (example, variant), cot_seed = ex_and_seed
@@ -252,91 +193,157 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
     wrapped.hypothesis.inner_test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
         f"{spec.name}|{mode.name}|{device}".encode()
     )
+    return wrapped
 
+
+class _ModeDriver:
+    """The per-example body of one (spec, mode, device) run and what it accumulates."""
+
+    def __init__(self, spec: Spec, cfg: Settings, state: ModeRun, device: str,
+                 run_seed: int | None, stats: dict[str, int]) -> None:
+        self.spec, self.cfg, self.state, self.device = spec, cfg, state, device
+        self.run_seed, self.stats = run_seed, stats
+        self.notes: list[str] = []
+        self.last_invalid: list[str] = []
+
+    def __call__(self, example: Any, cot_seed: int, variant: Variant = NO_VARIANT) -> None:
+        state = self.state
+        if state.not_compiled is not None or state.unsupported is not None:
+            return  # the mode stopped: nothing more is checked (reported, never a pass)
+        try:
+            args = as_args(example)
+        except TypeError as e:
+            raise _Abort(InvalidArgument(f"equivalent_to(inputs=...) produced a bad example: {e}"))
+        try:
+            outcome = execute_example(self.spec, self.cfg, args, cot_seed, state, self.device)
+        except NotCompiled:
+            return
+        except InvalidArgument as e:
+            raise _Abort(e) from None
+        self.stats["runs"] += 1
+        self.notes.extend(n for n in outcome.notes if n not in self.notes)
+        if outcome.invalid is not None or excused(variant, outcome.findings):
+            self.stats["invalid"] += 1
+            self.last_invalid[:] = [outcome.invalid or f"the implementation raised on the input "
+                                    f"variant {variant.description!r} (must raise or match)"]
+            hypothesis.reject()
+        state.examples += 1
+        if outcome.findings:
+            self.stats["first_failure"] = self.stats["first_failure"] or self.stats["runs"]
+            findings = self._described(outcome, variant)
+            raise _signal(findings[0].check)(findings, args, cot_seed)
+
+    def _described(self, outcome: Outcome, variant: Variant) -> list[Finding]:
+        spec, template = self.spec, outcome.template
+        name = spec.impl.__name__ if hasattr(spec.impl, "__name__") else spec.name
+        example_text = template.describe(name) if template else ""
+        code = template.code(name) if template else ""
+        reproduce = (f"equiv.check({name}, seed={self.run_seed})" if self.run_seed is not None
+                     else f"equiv.check({name}) with the same profile ({self.cfg.profile}: "
+                     "derandomized)")
+        return [_with(f, example=example_text, example_code=code, reproduce=reproduce,
+                      details=f"{f.details}\ninput variant: {variant.description}".lstrip()
+                      if variant else f.details)
+                for f in outcome.findings]
+
+
+def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int | None,
+              stats: dict[str, int], reference: tuple[str | None, Any] = (None, None),
+              ) -> tuple[list[Finding], list[str], ModeResult]:
+    """Drive Hypothesis over the examples of one (mode, device)."""
+    state = ModeRun(mode, spec.impl, spec.ref)
+    state.ref_device, state.ref_dtype = reference
+    mcfg = narrowed(cfg, mode.kind)
+    driver = _ModeDriver(spec, mcfg, state, device, run_seed, stats)
+    if mode.kind == "functionalize":
+        driver.notes.append("functionalize: gradients are not compared in this mode "
+                            "(functionalize does not compose with autograd on mutated inputs)")
+    wrapped = _hypothesis_test(spec, cfg, mode, device, run_seed, driver)
+    with state.context():
+        found, findings = _drive(spec, mode, device, wrapped, driver.last_invalid)
+        for e in found:
+            findings.extend(_attribute(spec, mcfg, state, device, e))
+    if state.not_compiled is not None:
+        findings.append(_not_compiled(spec, mode, device, state.not_compiled))
+    return findings, driver.notes, _mode_result(mode, device, state, findings)
+
+
+def _drive(spec: Spec, mode: Mode, device: str, wrapped: Callable[[], None],
+           last_invalid: list[str]) -> tuple[list["_Found"], list[Finding]]:
+    """Run the Hypothesis test; sort what it raised into found bugs and flaky findings."""
     found: list[_Found] = []
     findings: list[Finding] = []
-    with state.context():
-        try:
-            wrapped()
-        except _Found as e:
-            found.append(e)
-        except _Abort as e:
-            raise e.error from None
-        except FlakyFailure as e:  # before BaseExceptionGroup: FlakyFailure is one
-            first = [f for x in e.exceptions if isinstance(x, _Found) for f in x.findings]
-            findings.append(Finding(
-                check="flaky", headline="the result is flaky: an example failed once and "
-                "passed when replayed (nondeterminism in the implementation or reference).",
-                spec=spec.name, implementation=spec.implementation, reference=spec.reference,
-                mode=mode.name, device=device,
-                details="\n".join(["on its first run the example gave:"]
-                                   + [f"  {f.kind}: {f.headline}" for f in first]) if first
-                else str(e)[:500],
-                example=first[0].example if first else "",
-                reproduce=first[0].reproduce if first else ""))
-        except BaseExceptionGroup as group:  # several distinct bugs
-            for exc in group.exceptions:
-                if isinstance(exc, _Found):
-                    found.append(exc)
-                elif isinstance(exc, _Abort):
-                    raise exc.error from None
-                else:
-                    raise
-        except Unsatisfiable:
-            raise InvalidArgument(
-                f"no valid example for {spec.implementation}: the reference raised on every "
-                f"drawn example (last: {last_invalid[0] if last_invalid else '?'}). Make inputs= "
-                "draw inputs the reference accepts."
-            ) from None
-        for e in found:
-            findings.extend(_attribute(spec, mcfg, state, device, e, notes))
-    if state.not_compiled is not None:
-        findings.append(Finding(
-            check="not-compiled",
-            headline=f"mode {mode.name} stopped compiling: {state.not_compiled}. Examples after "
-                     "that point were not checked in this mode; this is not a pass.",
-            spec=spec.name, implementation=spec.implementation, reference=spec.reference,
-            mode=mode.name, device=device,
-            fix="use dynamic shapes (equiv.compiled(..., dynamic=True)), fewer distinct shapes "
-                "in inputs=, or a higher equiv.compiled(..., recompile_limit=N).",
-        ))
+    try:
+        wrapped()
+    except _Found as e:
+        found.append(e)
+    except _Abort as e:
+        raise e.error from None
+    except FlakyFailure as e:  # before BaseExceptionGroup: FlakyFailure is one
+        findings.append(_flaky(spec, mode, device, e))
+    except BaseExceptionGroup as group:  # several distinct bugs
+        for exc in group.exceptions:
+            if isinstance(exc, _Found):
+                found.append(exc)
+            elif isinstance(exc, _Abort):
+                raise exc.error from None
+            else:
+                raise
+    except Unsatisfiable:
+        raise InvalidArgument(
+            f"no valid example for {spec.implementation}: the reference raised on every "
+            f"drawn example (last: {last_invalid[0] if last_invalid else '?'}). Make inputs= "
+            "draw inputs the reference accepts."
+        ) from None
+    return found, findings
+
+
+def _flaky(spec: Spec, mode: Mode, device: str, e: FlakyFailure) -> Finding:
+    first = [f for x in e.exceptions if isinstance(x, _Found) for f in x.findings]
+    return Finding(
+        check="flaky", headline="the result is flaky: an example failed once and passed when "
+        "replayed (nondeterminism in the implementation or reference).",
+        spec=spec.name, implementation=spec.implementation, reference=spec.reference,
+        mode=mode.name, device=device,
+        details="\n".join(["on its first run the example gave:"]
+                          + [f"  {f.kind}: {f.headline}" for f in first]) if first
+        else str(e)[:500],
+        example=first[0].example if first else "",
+        reproduce=first[0].reproduce if first else "")
+
+
+def _not_compiled(spec: Spec, mode: Mode, device: str, why: str) -> Finding:
+    return Finding(
+        check="not-compiled",
+        headline=f"mode {mode.name} stopped compiling: {why}. Examples after that point were "
+                 "not checked in this mode; this is not a pass.",
+        spec=spec.name, implementation=spec.implementation, reference=spec.reference,
+        mode=mode.name, device=device,
+        fix="use dynamic shapes (equiv.compiled(..., dynamic=True)), fewer distinct shapes "
+            "in inputs=, or a higher equiv.compiled(..., recompile_limit=N).",
+    )
+
+
+def _mode_result(mode: Mode, device: str, state: ModeRun, findings: list[Finding]) -> ModeResult:
     failed = any(f.check != "not-compiled" for f in findings)
     status = state.status(failed)
     if status == "FAIL" and all(f.attribution == FLAKY or f.check == "flaky" for f in findings
                                 if f.check != "not-compiled"):
         status = "flaky"
-    info = state.info()
-    result = ModeResult(
+    return ModeResult(
         mode.name, device, status, state.examples, "" if status == "FAIL" else state.reason(),
         compilations=state.compilations["impl"] if mode.is_compile else None,
         graph_breaks=sum(state.graph_breaks.values()) if mode.is_compile else None,
-        break_reasons=tuple(state.graph_breaks), info=info,
+        break_reasons=tuple(state.graph_breaks), info=state.info(),
     )
-    return findings, notes, result
-
 
 FLAKY = ("flaky: the minimal example did not reproduce this finding when replayed. Look for "
          "nondeterminism (CUDA atomics, RNG, uninitialised memory) or state carried between "
          "calls (a cache, a reused workspace).")
 
 
-def _execute(spec: Spec, args: Any, cot_seed: int, cfg: Settings, state: ModeRun,
-             device: str) -> Outcome:
-    """One example in one mode."""
-    mode = state.mode
-    if mode.kind in ("vmap", "jvp"):
-        from equiv.checks import transforms
-
-        run = (transforms.run_transform_example if mode.kind == "vmap"
-               else transforms.run_jvp_example)
-        return run(spec, args, cot_seed, cfg, state, device)
-    return run_example(spec, args, cot_seed, cfg, mode=mode.name, device=device,
-                       impl_fn=state.impl_fn(), ref_device=state.ref_device,
-                       ref_dtype=state.ref_dtype)
-
-
-def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str, found: "_Found",
-               notes: list[str]) -> list[Finding]:
+def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str,
+               found: "_Found") -> list[Finding]:
     """Replay the minimal example: a finding that does not reproduce is marked flaky (kept: it
     did diverge once, and state carried between calls is a bug too; the mode's status says
     'flaky' instead of 'FAIL'); for a non-eager mode, say whether eager and the reference in this
@@ -346,45 +353,45 @@ def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str, found: "_
     if found.example is None:
         return findings
     try:
-        again = _execute(spec, found.example, found.cot_seed, cfg, state, device)
+        again = execute_example(spec, cfg, found.example, found.cot_seed, state, device)
     except (NotCompiled, InvalidArgument):
         return findings
     if not {f.check for f in again.findings} & {f.check for f in findings}:
-        state.flaky = True
         return [_with(f, attribution=FLAKY) for f in findings]
     if mode.kind == "eager":
         return findings
-    eager = run_example(spec, found.example, found.cot_seed, cfg, mode="eager", device=device,
-                        ref_device=state.ref_device, ref_dtype=state.ref_dtype)
+    eager = execute_example(spec, cfg, found.example, found.cot_seed, state, device,
+                            place=Placement("eager", "eager", device, None, None,
+                                            state.ref_device, state.ref_dtype))
     eager_checks = {f.check for f in eager.findings}
     ref_diverges: set[str] = set()
     if mode.kind in ("compile", "functionalize"):
         ref_spec = dataclasses.replace(spec, impl=spec.ref, mutates={})
         try:
-            ref_out = run_example(ref_spec, found.example, found.cot_seed, cfg, mode=mode.name,
-                                  device=device, impl_fn=state.ref_fn())
+            ref_out = execute_example(ref_spec, cfg, found.example, found.cot_seed, state,
+                                      device, place=Placement(mode.name, mode.kind, device,
+                                                              state.ref_fn()))
             ref_diverges = {f.check for f in ref_out.findings}
         except (NotCompiled, InvalidArgument):
             pass
-    out = []
-    for f in findings:
-        if f.check in eager_checks:
-            text = (f"the implementation fails this check in eager mode too on this example: "
-                    f"not specific to {mode.name}.")
-        elif ref_diverges:
-            text = (f"the compiler diverges from eager on this program (not specific to your "
-                    f"implementation): the reference run under {mode.name} also differs from "
-                    f"the eager reference on this example ({', '.join(sorted(ref_diverges))}).")
-        elif mode.kind in ("compile", "functionalize"):
-            text = (f"only the implementation under {mode.name} diverges: in eager mode it "
-                    f"agrees with the reference on this example, and the reference under "
-                    f"{mode.name} agrees with the eager reference.")
-        else:
-            text = (f"only under {mode.name}: in eager mode the implementation agrees with the "
-                    "reference on this example.")
-        out.append(_with(f, attribution=text))
-    return out
+    return [_with(f, attribution=_attribution(f, mode, eager_checks, ref_diverges))
+            for f in findings]
 
+
+def _attribution(f: Finding, mode: Mode, eager_checks: set[str], ref_diverges: set[str]) -> str:
+    if f.check in eager_checks:
+        return (f"the implementation fails this check in eager mode too on this example: not "
+                f"specific to {mode.name}.")
+    if ref_diverges:
+        return (f"the compiler diverges from eager on this program (not specific to your "
+                f"implementation): the reference run under {mode.name} also differs from the "
+                f"eager reference on this example ({', '.join(sorted(ref_diverges))}).")
+    if mode.kind in ("compile", "functionalize"):
+        return (f"only the implementation under {mode.name} diverges: in eager mode it agrees "
+                f"with the reference on this example, and the reference under {mode.name} "
+                "agrees with the eager reference.")
+    return (f"only under {mode.name}: in eager mode the implementation agrees with the reference "
+            "on this example.")
 
 def _with(f: Finding, **changes: Any) -> Finding:
     return dataclasses.replace(f, **changes)

@@ -6,8 +6,15 @@ import dataclasses
 import inspect
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
+from hypothesis.strategies import SearchStrategy
+
+from equiv._args import as_args
+from equiv._options import validate_variants
+from equiv._schedule import validate_options
 from equiv._settings import settings as Settings
+from equiv._targets import callable_for, own_spec
 from equiv.errors import InvalidArgument
+from equiv.strategies import arguments_for
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -60,8 +67,6 @@ def registry() -> dict[str, Spec]:
 
 
 def get_spec(impl: Any) -> Spec:
-    from equiv.checks.function import own_spec  # Function subclasses, Fn.apply, custom ops
-
     spec = own_spec(impl, _REGISTRY.values())
     if isinstance(spec, Spec):
         return spec
@@ -138,11 +143,7 @@ def equivalent_to(
         _validate_ref_signature(ref, sig, impl)
         strategy, derived = _resolve_inputs(inputs, sig, impl)
         exs = _validate_examples(examples, sig, impl)
-        from equiv.variants import validate_variants
-
         kinds = validate_variants(variants, _qualname(impl))
-        from equiv.checks.schedules import validate_options
-
         scheds, params = validate_options(sig, _qualname(impl), schedules, parameters,
                                           max_memory_ratio, max_retained_bytes)
         spec = Spec(
@@ -170,8 +171,6 @@ def equivalent_to(
 def _callable_target(impl: Any) -> Any:
     """What equiv calls: ``Fn.apply`` for an autograd.Function subclass, the op for a custom op
     (each with a usable signature), else ``impl`` itself."""
-    from equiv.checks.function import callable_for
-
     return callable_for(impl)
 
 
@@ -231,8 +230,6 @@ def _validate_ref_signature(ref: Any, sig: inspect.Signature, impl: Any) -> None
 
 
 def _resolve_inputs(inputs: Any, sig: inspect.Signature, impl: Any) -> tuple[Any, bool]:
-    from hypothesis.strategies import SearchStrategy
-
     if inputs is not None:
         if not isinstance(inputs, SearchStrategy):
             raise InvalidArgument(
@@ -241,8 +238,6 @@ def _resolve_inputs(inputs: Any, sig: inspect.Signature, impl: Any) -> tuple[Any
                 "inputs=st.tuples(equiv.strategies.tensors(shape=(3,)))."
             )
         return inputs, False
-    from equiv.strategies import arguments_for
-
     try:
         return arguments_for(sig), True
     except ValueError as e:
@@ -253,8 +248,6 @@ def _resolve_inputs(inputs: Any, sig: inspect.Signature, impl: Any) -> tuple[Any
 
 
 def _validate_examples(examples: Any, sig: inspect.Signature, impl: Any) -> tuple[Any, ...]:
-    from equiv.examples import as_args
-
     if not isinstance(examples, (list, tuple)):
         raise InvalidArgument(
             "equivalent_to(examples=...) takes a list of argument tuples or equiv.Args."

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from equiv._compat import TorchDispatchMode
+from equiv.examples import dtype_short
 
 __all__ = ["Recorder", "render", "likely_cause"]
 
@@ -56,8 +57,6 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _summary(t: torch.Tensor) -> str:
-    from equiv.examples import dtype_short
-
     return f"{dtype_short(t.dtype)}[{','.join(map(str, t.shape))}]"
 
 
@@ -499,34 +498,3 @@ def likely_cause(events: Sequence[dict[str, Any]]) -> str | None:
                     f"step {w['step']} ({w['phase']}): grad_output belongs to the caller and may "
                     "be shared with other nodes.")
     return None
-
-
-def explain_findings(run: Any, first: int) -> None:
-    """Replay the core's gradient run (forward, backward #1, #2 with the same cotangent, #3 with
-    a second one) under the recorder, and attach the timeline and likely cause to the findings
-    ``run.findings[first:]``."""
-    import dataclasses
-
-    from equiv.checks.core import _cotangent
-    from equiv.checks.schedules import Schedule, _Plan
-
-    plan = _Plan(run)
-    if not plan.ok:
-        return
-    gen = torch.Generator().manual_seed(run.cot_seed)
-    cot1 = [_cotangent(r, gen) for _, _, r in plan.pairs]
-    cot2 = [_cotangent(r, gen) for _, _, r in plan.pairs]
-    repeated = run.cfg.backward_repeats >= 2 and "repeated-backward" in run.cfg.checks
-    steps = ("forward", "backward", "backward", "backward") if repeated else ("forward", "backward")
-    rec = Recorder()
-    try:
-        plan.execute(Schedule(steps), run.spec.impl, [cot1, cot1, cot2], recorder=rec)
-    except RuntimeError as e:  # e.g. saved-tensor hooks disabled by an enclosing context
-        run.notes.append(f"timeline recorder unavailable: {str(e)[:160]}")
-        return
-    cause = likely_cause(rec.events)
-    events = tuple(rec.events)
-    for i in range(first, len(run.findings)):
-        f = run.findings[i]
-        run.findings[i] = dataclasses.replace(f, timeline=events,
-                                              likely_cause=cause or f.likely_cause)

@@ -29,43 +29,19 @@ from typing import Any, Iterable
 import torch
 from hypothesis import strategies as st
 
-from equiv.errors import InvalidArgument
+from equiv._args import Args, as_args
+from equiv._options import DEFAULT_VARIANTS, VARIANT_KINDS, validate_variants
+from equiv.strategies import layouts
 
-VARIANT_KINDS: tuple[str, ...] = ("layouts", "aliasing", "aliasing-mutated", "half")
-DEFAULT_VARIANTS: tuple[str, ...] = ("layouts", "aliasing")
+__all__ = ["DEFAULT_VARIANTS", "VARIANT_KINDS", "NO_VARIANT", "Variant", "excused",
+           "validate_variants", "with_variants"]
+
 
 # relative weights of the variants drawn for one example (index 0, "none", is the shrink target;
 # Hypothesis already favours it, so its weight is small)
 _CHOICE_WEIGHTS = {"float16": 14, "bfloat16": 8, "none": 1, "transposed": 18, "permuted": 6, "sliced": 8, "window": 4,
                    "channels_last": 3, "expanded": 16, "same": 20, "overlapping": 20}
 _LAYOUT_CHOICES = ("transposed", "sliced", "expanded", "permuted", "window", "channels_last")
-
-
-def validate_variants(value: Any, impl: str) -> tuple[str, ...]:
-    """``True``/``None`` -> the default, ``False`` -> none, or a collection of kind names."""
-    if value is None or value is True:
-        return DEFAULT_VARIANTS
-    if value is False:
-        return ()
-    if isinstance(value, str):
-        value = (value,)
-    try:
-        kinds = tuple(value)
-    except TypeError:
-        kinds = None
-    if kinds is None or not all(isinstance(k, str) for k in kinds):
-        raise InvalidArgument(
-            f"equivalent_to(variants={value!r:.60}) for {impl}: give True (the default: "
-            f"{DEFAULT_VARIANTS}), False (only the drawn inputs), or a tuple of names from "
-            f"{VARIANT_KINDS}."
-        )
-    unknown = [k for k in kinds if k not in VARIANT_KINDS]
-    if unknown:
-        raise InvalidArgument(
-            f"equivalent_to(variants={value!r}) for {impl}: unknown variant kind(s) {unknown}; "
-            f"use names from {VARIANT_KINDS}, e.g. variants=('layouts',), or variants=False."
-        )
-    return tuple(k for k in VARIANT_KINDS if k in kinds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +73,6 @@ def _tensor_arguments(signature: inspect.Signature, args: Any) -> tuple[Any, lis
 def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
                   mutated: Iterable[str], kinds: tuple[str, ...]) -> st.SearchStrategy:
     """Pairs (example, Variant): the drawn example, possibly re-laid out or aliased."""
-    from equiv.examples import Args, as_args
-    from equiv.strategies import layouts
 
     mutated = frozenset(mutated)
     if not kinds:

@@ -16,6 +16,8 @@ from typing import Any, Sequence
 import torch
 from hypothesis import strategies as st
 
+from equiv._args import Args
+
 from ._aliasing import ALIAS_PATTERNS, aliased_arguments
 from ._layouts import LAYOUT_KINDS, Layout, layouts
 
@@ -32,7 +34,6 @@ INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 #: come from the runner's opt-in "half" variant: default tolerances (torch.testing) are 1e-3
 #: relative for float16, which a correct kernel computing in another order can exceed by an ULP.
 DERIVED_DTYPES = (torch.float32, torch.float64)
-FLOAT_DTYPES = (torch.float32, torch.float64)  # kept for callers of the first version
 #: names accepted by ``tensors(special=...)``
 SPECIAL_VALUES = ("nan", "inf", "-inf", "-0.0", "subnormal", "large")
 # half-integers are exact in every floating dtype up to this many elements (bfloat16: 8 bits)
@@ -258,8 +259,6 @@ def arguments_for(signature: inspect.Signature, *,
 
     @st.composite
     def build(draw: Any) -> Any:
-        from equiv.examples import Args
-
         # the dtype is the first choice: Hypothesis varies a test case's first choices most
         # the first dtype is the shrink target; the others twice as likely as listed once
         dt = draw(st.sampled_from(tuple(dtypes_[:1]) + tuple(dtypes_[1:]) * 2))

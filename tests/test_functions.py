@@ -13,7 +13,8 @@ from torch.autograd.function import once_differentiable
 
 import equiv
 from equiv import equivalent_to
-from equiv.checks import function as fn_checks
+from equiv.checks import needs_input_grad as fn_checks
+from equiv.execution import graph as fn_graph
 from equiv.strategies import tensors
 from tests.conftest import FAST
 
@@ -209,7 +210,7 @@ def test_the_seeds_function_passes_in_eager_with_k_in_two_slots():
     assert report.ok and report.examples_run > 0
     # the aliased call really has the Function in its graph: the Function checks ran
     q, k = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
-    assert fn_checks.function_nodes(module.attention(q, k))
+    assert fn_graph.function_nodes(module.attention(q, k))
 
 
 # --------------------------------------------------------------------------- mark_dirty
@@ -367,7 +368,7 @@ def test_requires_grad_patterns_are_exhaustive_for_few_inputs_and_linear_beyond(
 
 def test_function_checks_run_only_with_a_custom_function_in_the_graph(monkeypatch):
     calls = []
-    monkeypatch.setattr(fn_checks, "_check_needs_input_grad", lambda *a: calls.append(a))
+    monkeypatch.setattr(fn_checks, "run", lambda *a: calls.append(a))
 
     @equivalent_to(lambda a, b: a * b, inputs=two())
     def plain(a, b):

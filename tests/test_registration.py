@@ -133,11 +133,12 @@ def test_public_surface():
     """`equiv` re-exports a small, explicit API and nothing private."""
     assert sorted(equiv.__all__) == sorted([
         "Args", "AliasingMismatch", "EquivError", "EquivalenceFailure", "ErrorMismatch",
-        "Finding", "GradientMismatch", "InvalidArgument", "MemoryMismatch", "MutationMismatch",
+        "Finding", "GradientMismatch", "InternalError", "InvalidArgument", "MemoryMismatch",
+        "MutationMismatch",
         "OutputMismatch", "Report", "Schedule", "ScheduleMismatch", "Spec", "check",
         "equivalent_to",
         "registry", "settings",
-        "Mode", "ModeResult", "compiled",  # execution modes (issue 5)
+        "Mode", "ModeResult", "compiled",  # execution modes
     ])
     for name in equiv.__all__:
         assert getattr(equiv, name).__module__.startswith("equiv")

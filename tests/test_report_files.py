@@ -20,10 +20,9 @@ from equiv.report import Finding, Report
 
 @dataclasses.dataclass(frozen=True)
 class TimelineFinding(Finding):
-    """A Finding as it will look once the timeline recorder lands (extra fields)."""
+    """A Finding with its timeline events."""
 
     timeline: tuple = ()
-    memory: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +75,7 @@ def stale_finding(**extra) -> TimelineFinding:
         example="scale_stale(x=f32[1] cpu grad, w=f32[1] cpu grad)",
         likely_cause="saved tensor 'w' was written in place by add_ at step 3 without a "
         "version bump, before backward #1 read it at step 5.",
-        timeline=STALE, memory={"peak_bytes_impl": 4096, "peak_bytes_ref": 8192}, **extra)
+        timeline=STALE, **extra)
 
 
 def make_doc(finding: Finding) -> dict:
@@ -108,7 +107,7 @@ def test_document_has_the_documented_top_level_fields():
     assert json.loads(json.dumps(doc)) == doc  # plain JSON, nothing lost
 
 
-def test_finding_fields_numbers_example_timeline_and_memory():
+def test_finding_fields_numbers_example_and_timeline():
     """A finding has check, verdict-level data, numbers, example and its timeline events."""
     f = make_doc(stale_finding())["results"][2]["findings"][0]
     assert f["check"] == "gradients" and f["kind"] == "GradientMismatch"
@@ -116,15 +115,14 @@ def test_finding_fields_numbers_example_timeline_and_memory():
                             "atol": 1e-5}
     assert f["example"]["summary"] == "scale_stale(x=f32[1] cpu grad, w=f32[1] cpu grad)"
     assert f["timeline"] == [dict(e) for e in STALE]
-    assert f["memory"] == {"peak_bytes_impl": 4096, "peak_bytes_ref": 8192}
     assert f["message"].startswith("GradientMismatch: gradient w.r.t. 'x'")
 
 
 def test_findings_without_timeline_or_compile_counts_are_tolerated():
-    """Before the recorder and the modes land: timeline [], memory and compile_counts None."""
+    """A finding without a timeline, a result without compile counts: timeline [], None."""
     plain = Finding(check="forward", headline="output differs")
     f = finding_dict(plain)
-    assert f["timeline"] == [] and f["memory"] is None
+    assert f["timeline"] == [] and "memory" not in f
     row = make_doc(plain)["results"][2]
     assert row["compile_counts"] is None
 
@@ -147,8 +145,8 @@ def test_html_is_self_contained():
     assert html.startswith("<!DOCTYPE html>")
 
 
-def test_html_has_summary_lanes_untracked_write_and_memory():
-    """Summary rows, one lane per storage, the untracked write marked, memory figures."""
+def test_html_has_summary_lanes_untracked_write_and_saved_bytes():
+    """Summary rows, one lane per storage, the untracked write marked, saved bytes."""
     html = render_html(make_doc(stale_finding()))
     assert '<table id="summary"' in html and html.count("<tr><td><code>") == 3
     assert html.count('<g class="lane" data-storage="S1">') == 1
@@ -160,7 +158,6 @@ def test_html_has_summary_lanes_untracked_write_and_memory():
     assert [p for p in ("forward", "step", "backward #1", "release")
             if f'data-phase="{p}"' in html] == ["forward", "step", "backward #1", "release"]
     assert "saved: keeps 4.0 KiB alive" in html  # w's saved storage, from the save's nbytes
-    assert "4.0 KiB" in html and "8.0 KiB" in html  # the memory figures
 
 
 def test_html_without_timeline_says_so_and_escapes_text():

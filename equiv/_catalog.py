@@ -1,0 +1,86 @@
+"""The check catalog: one row per check, in the order checks run and are reported.
+
+Everything that lists checks is derived from this table: ``settings(checks=...)`` validation,
+the runner's pipeline (:mod:`equiv.run`), the failure class a finding raises
+(:attr:`equiv.Finding.failure_class`), the report schema and the docs' check table (a test keeps
+``docs/reference.md`` in step). A check is one row here plus one module ``equiv/checks/<module>.py``
+defining ``run(ex, sink)``; a check module never imports another check module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from equiv.errors import (
+    AliasingMismatch,
+    EquivalenceFailure,
+    ErrorMismatch,
+    GradientMismatch,
+    MemoryMismatch,
+    MutationMismatch,
+    OutputMismatch,
+    ScheduleMismatch,
+)
+
+#: mode kinds (equiv.modes.Mode.kind)
+EVERY_MODE = ("eager", "compile", "functionalize", "vmap", "jvp")
+_RECORDED = ("eager", "compile", "functionalize")  # modes whose example runs both sides as written
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckRow:
+    """One check: its name, the failure class its findings raise, where it runs, what it needs.
+
+    ``needs``: ``"example"`` runs on every executed example, even when a side raised;
+    ``"valid"`` only where both sides returned; ``"function"`` also needs a custom
+    ``autograd.Function`` node in the implementation's graph; ``"clean"`` needs a valid example
+    on which no earlier check found anything (its extra runs would only repeat a known bug).
+    """
+
+    name: str
+    failure: type[EquivalenceFailure]
+    module: str
+    modes: tuple[str, ...]
+    needs: str
+    summary: str
+
+
+CATALOG: tuple[CheckRow, ...] = (
+    CheckRow("error-parity", ErrorMismatch, "error_parity", EVERY_MODE, "example",
+             "one side raised where the other returned, or they raised different errors"),
+    CheckRow("forward", OutputMismatch, "forward", EVERY_MODE, "valid",
+             "returned outputs: values, dtype, shape, structure"),
+    CheckRow("mutation", MutationMismatch, "mutation", ("eager", "compile", "functionalize",
+                                                        "vmap"), "valid",
+             "final values of mutated arguments; undeclared writes"),
+    CheckRow("aliasing", AliasingMismatch, "aliasing", _RECORDED, "valid",
+             "outputs sharing storage with inputs or each other against the contract"),
+    CheckRow("gradients", GradientMismatch, "gradients", ("eager", "compile", "jvp"), "valid",
+             "vector-Jacobian product for a random cotangent (jvp mode: the tangent)"),
+    CheckRow("repeated-backward", GradientMismatch, "repeated_backward", ("eager", "compile"),
+             "valid", "a second backward through the retained graph, same and new cotangent"),
+    CheckRow("mark-dirty", GradientMismatch, "mark_dirty", ("eager",), "function",
+             "in-place writes inside a custom Function's forward declared with ctx.mark_dirty"),
+    CheckRow("needs-input-grad", GradientMismatch, "needs_input_grad", ("eager",), "function",
+             "every other requires_grad pattern of the inputs"),
+    CheckRow("double-backward", GradientMismatch, "double_backward", ("eager",), "function",
+             "second-order gradients (create_graph=True)"),
+    CheckRow("opcheck", EquivalenceFailure, "opcheck", ("eager", "compile"), "valid",
+             "torch.library.opcheck on the custom ops the implementation calls"),
+    CheckRow("output-stability", OutputMismatch, "output_stability", _RECORDED, "valid",
+             "returned outputs unchanged by backward and by a second call"),
+    CheckRow("schedule", ScheduleMismatch, "schedule", ("eager",), "clean",
+             "hazardous schedules raise or match the reference at forward-time values"),
+    CheckRow("memory", MemoryMismatch, "memory", ("eager",), "valid",
+             "the memory contract: peak ratio and bytes retained by the graph"),
+)
+
+ROWS: dict[str, CheckRow] = {row.name: row for row in CATALOG}
+#: every check, in run and report order
+CHECK_NAMES: tuple[str, ...] = tuple(ROWS)
+#: check name -> the failure class raised when only that kind of finding occurs
+FAILURE_CLASSES: dict[str, type[EquivalenceFailure]] = {r.name: r.failure for r in CATALOG}
+NEEDS = ("example", "valid", "function", "clean")
+
+assert len(ROWS) == len(CATALOG), "duplicate check name in the catalog"
+assert all(r.needs in NEEDS and set(r.modes) <= set(EVERY_MODE) for r in CATALOG)

@@ -1,0 +1,37 @@
+"""Decoration-time validation of ``equivalent_to(variants=...)``: the input-variant kinds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from equiv.errors import InvalidArgument
+
+VARIANT_KINDS: tuple[str, ...] = ("layouts", "aliasing", "aliasing-mutated", "half")
+DEFAULT_VARIANTS: tuple[str, ...] = ("layouts", "aliasing")
+
+
+def validate_variants(value: Any, impl: str) -> tuple[str, ...]:
+    """``True``/``None`` -> the default, ``False`` -> none, or a collection of kind names."""
+    if value is None or value is True:
+        return DEFAULT_VARIANTS
+    if value is False:
+        return ()
+    if isinstance(value, str):
+        value = (value,)
+    try:
+        kinds = tuple(value)
+    except TypeError:
+        kinds = None
+    if kinds is None or not all(isinstance(k, str) for k in kinds):
+        raise InvalidArgument(
+            f"equivalent_to(variants={value!r:.60}) for {impl}: give True (the default: "
+            f"{DEFAULT_VARIANTS}), False (only the drawn inputs), or a tuple of names from "
+            f"{VARIANT_KINDS}."
+        )
+    unknown = [k for k in kinds if k not in VARIANT_KINDS]
+    if unknown:
+        raise InvalidArgument(
+            f"equivalent_to(variants={value!r}) for {impl}: unknown variant kind(s) {unknown}; "
+            f"use names from {VARIANT_KINDS}, e.g. variants=('layouts',), or variants=False."
+        )
+    return tuple(k for k in VARIANT_KINDS if k in kinds)

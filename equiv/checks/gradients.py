@@ -1,0 +1,96 @@
+"""``gradients``: the implementation's vector-Jacobian product for a random cotangent equals the
+reference's (backward #1); backward leaves the caller's cotangent untouched; no differentiated
+value has its gradient flow cut. Under ``jvp``: the forward-mode derivative for a random
+tangent. A diverging example is replayed under the timeline recorder to explain it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from equiv.compare import compare_leaf
+from equiv.execution.calls import format_tb
+from equiv.execution.graph import slot_explanation
+from equiv.execution.record import Sink, cotangent_written
+from equiv.execution.script import explain_backwards
+
+NAME = "gradients"
+
+_CUT_CAUSE = ("a write through .data, .detach() or under torch.no_grad() produced this value "
+              "outside autograd.")
+_CUT_FIX = ("compute it with differentiable ops, or wrap the kernel in a torch.autograd.Function "
+            "with a backward.")
+_FUNCTION_CAUSE = (" Or a custom autograd.Function marked it with ctx.mark_non_differentiable "
+                   "while the reference's is differentiable.")
+_FUNCTION_FIX = (" If no gradient should flow through this output, say so in the reference: "
+                 "return it .detach()-ed (the reference decides which outputs are "
+                 "differentiable).")
+
+
+def run(ex: Any, sink: Sink) -> None:
+    if ex.kind == "jvp":
+        _tangents(ex, sink)
+        return
+    first = len(sink.findings)
+    _first_backward(ex, sink)
+    if len(sink.findings) > first:
+        explain_backwards(ex, sink, first)
+        if ex.function_nodes():
+            _function_words(sink, first)
+
+
+def _first_backward(ex: Any, sink: Sink) -> None:
+    pairing = ex.pairing()
+    for name in pairing.cut:
+        sink.finding(NAME, f"{name} does not require grad in the implementation, but the "
+                     "reference's does: the gradient flow is cut.", argument=name,
+                     likely_cause=_CUT_CAUSE, fix=_CUT_FIX)
+    if not pairing.ok:
+        return
+    ref, err = ex.ref_grads(1)
+    if err is not None:
+        sink.note(f"reference backward raised {type(err).__name__}: {str(err)[:200]}; "
+                  "gradients not compared")
+        return
+    b = ex.backward(1)
+    if b.error is not None:
+        slots = slot_explanation(b.error, ex.function_nodes())
+        headline, fix = slots if slots is not None else (
+            f"the implementation's backward raised {type(b.error).__name__} where the "
+            "reference's did not.", None)
+        sink.finding(NAME, headline, details=f"{type(b.error).__name__}: {str(b.error)[:400]}",
+                     tb=format_tb(b.error), fix=fix)
+        return
+    for name, headline, m, fix in cotangent_written(ex, b, 1):
+        sink.finding(NAME, headline, argument=name, mismatch=m, exact=True, fix=fix)
+    for g, a, e in zip(pairing.groups, b.grads, ref):
+        name = ex.template.group_name(g)
+        m = compare_leaf(a, e, rtol=ex.spec.rtol, atol=ex.spec.atol, path=name)
+        if m is not None:
+            sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "
+                         "backward #1.", argument=name, mismatch=m)
+
+
+def _function_words(sink: Sink, first: int) -> None:
+    """A cut gradient next to a custom Function may come from ctx.mark_non_differentiable."""
+    for k in range(first, len(sink.findings)):
+        f = sink.findings[k]
+        if "the gradient flow is cut" in f.headline:
+            sink.findings[k] = dataclasses.replace(
+                f, likely_cause=(f.likely_cause or "") + _FUNCTION_CAUSE,
+                fix=(f.fix or "") + _FUNCTION_FIX)
+
+
+def _tangents(ex: Any, sink: Sink) -> None:
+    if len(ex.impl_out) != len(ex.ref_out):
+        return  # the forward check reports it
+    for name, a, e, ta, te in zip(ex.names, ex.impl_out, ex.ref_out, ex.impl_tan, ex.ref_tan):
+        if compare_leaf(a, e, rtol=ex.spec.rtol, atol=ex.spec.atol, path=name) is not None:
+            continue  # the forward check reports it
+        m = compare_leaf(ta, te, rtol=ex.spec.rtol, atol=ex.spec.atol, path=name)
+        if m is not None:
+            sink.finding(NAME, f"the forward-mode derivative (jvp) of {name} differs from the "
+                         "reference's for the same tangent.", argument=name, mismatch=m,
+                         likely_cause="a wrong forward-mode formula: a custom "
+                         "autograd.Function's jvp staticmethod, or an op whose forward AD "
+                         "disagrees with its backward.")

@@ -1,0 +1,70 @@
+"""``mutation``: mutated arguments end with the reference's final values; no undeclared write
+(by value, or by a moved version counter)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from equiv.compare import compare_leaf, compare_trees
+from equiv.execution.record import Sink, expected_state
+
+NAME = "mutation"
+
+
+def run(ex: Any, sink: Sink) -> None:
+    if ex.kind == "vmap":
+        _vmap(ex, sink)
+    elif ex.kind == "recorded":
+        _recorded(ex, sink)
+
+
+def _recorded(ex: Any, sink: Sink) -> None:
+    spec, template, side = ex.spec, ex.template, ex.impl_side
+    expected, unrepresentable = expected_state(ex)
+    after = side.versions()
+    for j, slot in enumerate(template.slots):
+        group = template.groups[slot.group]
+        actual = side.tensors[j].detach()
+        exp = unrepresentable.get(j, expected.tensors[j])
+        arg = slot.path.split("[")[0]
+        if group.mutated:
+            m = compare_leaf(actual, exp, rtol=spec.rtol, atol=spec.atol, path=slot.path)
+            if m is not None:
+                what = ("the final value of mutated argument" if arg in spec.mutates else
+                        "argument (sharing storage with a mutated argument)")
+                sink.finding(NAME, f"{what} {slot.path!r} differs from the reference.",
+                             argument=slot.path, mismatch=m)
+            continue
+        m = compare_leaf(actual, exp, rtol=0, atol=0, path=slot.path, exact=True)
+        before = ex.impl_versions[j]
+        if m is not None:
+            sink.finding(
+                NAME, f"argument {slot.path!r} was modified, but the contract does not declare "
+                "it as mutated.", argument=slot.path, mismatch=m, exact=True,
+                fix=f"declare the write with mutates={{{arg!r}: ...}}, or write into a copy.")
+        elif after[j] != before:
+            sink.finding(
+                NAME, f"argument {slot.path!r} was written in place (version counter "
+                f"{before} -> {after[j]}) though its values are unchanged and the contract does "
+                "not declare it as mutated.", argument=slot.path,
+                details="a write that leaves values equal (e.g. relu_ on positive inputs) "
+                        "still invalidates tensors saved for backward and races with readers.",
+                fix=f"declare it with mutates={{{arg!r}: ...}} or avoid the in-place op.")
+
+
+def _vmap(ex: Any, sink: Sink) -> None:
+    spec = ex.spec
+    names = list(spec.signature.parameters)
+    for i, name in enumerate(names[:len(ex.impl_args)]):
+        if name in ex.finals:
+            ms = compare_trees(ex.impl_args[i], ex.finals[name], rtol=spec.rtol,
+                               atol=spec.atol, root=name)
+            what = "the final value of mutated argument"
+        else:
+            ms = compare_trees(ex.impl_args[i], ex.before[i], rtol=0, atol=0, root=name,
+                               exact=True)
+            what = "undeclared argument changed:"
+        for m in ms:
+            sink.finding(NAME, f"{what} {m.path!r} under vmap (batch dimension {ex.where}) "
+                         "differs from the reference.", argument=m.path, mismatch=m,
+                         details=f"{ex.detail}\n{m.message}")

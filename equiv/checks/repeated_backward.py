@@ -1,0 +1,58 @@
+"""``repeated-backward``: a second backward through the retained graph with the same cotangent
+equals the first (backward #2), and a third with a new cotangent equals the reference's
+(backward #3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from equiv.compare import compare_leaf
+from equiv.execution.calls import format_tb
+from equiv.execution.record import Sink, cotangent_written
+from equiv.execution.script import explain_backwards
+
+NAME = "repeated-backward"
+
+
+def run(ex: Any, sink: Sink) -> None:
+    if ex.cfg.backward_repeats < 2 or not ex.pairing().ok:
+        return
+    if ex.ref_grads(1)[1] is not None or ex.backward(1).error is not None:
+        return  # the gradients check reports (or notes) a failing first backward
+    first = len(sink.findings)
+    _repeat(ex, sink)
+    if len(sink.findings) > first:
+        explain_backwards(ex, sink, first)
+
+
+def _repeat(ex: Any, sink: Sink) -> None:
+    spec, pairing = ex.spec, ex.pairing()
+    names = [ex.template.group_name(g) for g in pairing.groups]
+    b1, b2 = ex.backward(1), ex.backward(2)
+    if b2.error is not None:
+        sink.finding(NAME, "a second backward through the retained graph raised "
+                     f"{type(b2.error).__name__} in the implementation.",
+                     details=f"{type(b2.error).__name__}: {str(b2.error)[:400]}",
+                     tb=format_tb(b2.error),
+                     likely_cause="backward frees or overwrites a value the graph still needs "
+                                  "(retain_graph=True was given).")
+        return
+    for name, headline, m, fix in cotangent_written(ex, b2, 2):
+        sink.finding(NAME, headline, argument=name, mismatch=m, exact=True, fix=fix)
+    for name, a, e in zip(names, b2.grads, b1.grads):
+        m = compare_leaf(a, e, rtol=spec.rtol, atol=spec.atol, path=name)
+        if m is not None:
+            sink.finding(NAME, f"gradient w.r.t. {name!r} on backward #2 (same cotangent, "
+                         "retained graph) differs from backward #1.", argument=name, mismatch=m,
+                         likely_cause="backward #1 modified a value saved for backward (a saved "
+                                      "tensor or a reused buffer).")
+    ref2, err = ex.ref_grads(2)
+    b3 = ex.backward(3)
+    if err is not None or b3.error is not None:
+        return
+    for name, a, e in zip(names, b3.grads, ref2):
+        m = compare_leaf(a, e, rtol=spec.rtol, atol=spec.atol, path=name)
+        if m is not None:
+            sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "
+                         "backward #3 (a second, different cotangent through the retained "
+                         "graph).", argument=name, mismatch=m)

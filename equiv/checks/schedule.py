@@ -1,0 +1,124 @@
+"""``schedule``: hazardous schedules — forward, in-place writes, backward, optimizer steps —
+run on the implementation and judged against the reference's gradients at forward-time values.
+
+Built-in schedules, where they apply:
+
+- ``mutate-after-forward[x]``: forward, write in place (under ``torch.no_grad()``) to input ``x``,
+  backward. One per differentiable input not declared mutated.
+- ``mutate-output-after-forward``: forward, write in place to each output, backward.
+- ``step-between-losses``: forward, backward of a first loss, an SGD step on the spec's
+  ``parameters=``, backward of a second loss through the same graph.
+
+Acceptable outcomes: autograd raises (its in-place/version error), or every gradient equals the
+reference's at the values the forward saw. Silent divergence is a finding. A user's
+:class:`~equiv.Schedule` can demand one outcome (``expect="raises"`` / ``expect="match"``).
+The runs are the core's (:mod:`equiv.execution.script`); a diverging one is replayed there under
+the timeline recorder to explain it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from equiv._schedule import Schedule
+from equiv.compare import compare_leaf
+from equiv.execution.calls import format_tb
+from equiv.execution.record import Execution, Sink
+from equiv.execution.script import Script, ScriptResult, replay
+
+NAME = "schedule"
+
+
+def builtin_schedules(plan: Script) -> list[Schedule]:
+    """The built-in schedules that apply to this example."""
+    out = []
+    for g, name in zip(plan.groups, plan.names):
+        if not g.mutated:
+            path = plan.template.slots[g.slots[0]].path
+            out.append(Schedule(("forward", f"write {path}", "backward"),
+                                name=f"mutate-after-forward[{name}]"))
+    out.append(Schedule(("forward", "write out", "backward"), name="mutate-output-after-forward"))
+    if plan.spec.parameters:
+        out.append(Schedule(("forward", "backward", "step", "backward"),
+                            name="step-between-losses"))
+    return out
+
+
+def _describe(result: ScriptResult) -> str:
+    if result.error is not None:
+        text = str(result.error).splitlines()[0] if str(result.error) else ""
+        if len(text) > 200:
+            text = text[:200].rsplit(" ", 1)[0] + " ..."
+        return f"raised {type(result.error).__name__} at step {result.failed_step!r}: {text}"
+    return "completed without error"
+
+
+def run(ex: Execution, sink: Sink) -> None:
+    script = Script(ex)
+    if script.ok:
+        user = list(ex.spec.schedules)
+        for schedule in builtin_schedules(script) + user:
+            _run_one(ex, sink, script, schedule, user=schedule in user)
+
+
+def _run_one(ex: Execution, sink: Sink, plan: Script, schedule: Schedule, *,
+             user: bool) -> None:
+    count = schedule.steps.count("backward")
+    cots = plan.cotangents(count)
+    expected = plan.reference_grads(cots)
+    if expected is None:
+        return
+    result = plan.execute(schedule, ex.spec.impl, cots)
+    if result.forward_error is not None:
+        return  # the core checks own forward errors
+
+    def context() -> str:  # only built for a finding: it runs the reference's schedule too
+        ref_result = plan.execute(schedule, ex.spec.ref, cots)
+        return (f"schedule: {' -> '.join(schedule.steps)}\n"
+                f"implementation: {_describe(result)}\n"
+                f"reference under the same schedule: {_describe(ref_result)}")
+
+    if result.error is not None:
+        if schedule.expect == "match":
+            sink.finding(NAME, f"schedule {schedule.name!r} was expected to match the "
+                        f"reference but the implementation raised {type(result.error).__name__}.",
+                        details=context(), tb=format_tb(result.error))
+            return
+        if not user:
+            return  # built-ins accept autograd's error (any error raised is not silent)
+        ok_type = isinstance(result.error, schedule.raises)
+        ok_msg = schedule.match is None or re.search(schedule.match, str(result.error))
+        if not (ok_type and ok_msg):
+            sink.finding(NAME, f"schedule {schedule.name!r} raised "
+                        f"{type(result.error).__name__}, expected {schedule.raises.__name__}"
+                        + (f" matching {schedule.match!r}" if schedule.match else "") + ".",
+                        details=context(), tb=format_tb(result.error))
+        return
+    if schedule.expect == "raises":
+        sink.finding(NAME, f"schedule {schedule.name!r} was expected to raise "
+                    f"{schedule.raises.__name__}"
+                    + (f" matching {schedule.match!r}" if schedule.match else "")
+                    + " but completed without error.", details=context(),
+                    fix="if the implementation is meant to support this schedule, declare "
+                        "expect='match'.")
+        return
+    for k, (got, exp) in enumerate(zip(result.grads, expected), 1):
+        for name, a, e in zip(plan.names, got, exp):
+            m = compare_leaf(a, e, rtol=ex.spec.rtol, atol=ex.spec.atol, path=name)
+            if m is None:
+                continue
+            cause, events = replay(ex, schedule, ex.spec.impl, cots, sink, plan)
+            n = len(sink.findings)
+            sink.finding(
+                NAME,
+                f"schedule {schedule.name!r}: gradient w.r.t. {name!r} on backward #{k} differs "
+                "from the reference's at forward-time values, and autograd raised no error.",
+                argument=name, mismatch=m, likely_cause=cause,
+                fix=None if cause else "save what backward needs with ctx.save_for_backward "
+                                       "(autograd then raises) or save a clone.",
+            )
+            if len(sink.findings) > n:  # the numbers, after what was run
+                sink.findings[-1] = dataclasses.replace(
+                    sink.findings[-1], details=context() + "\n" + m.message, timeline=events)
+            return

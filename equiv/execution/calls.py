@@ -1,0 +1,107 @@
+"""Calling user code and the tensor plumbing every run shares: results never raise the user's
+errors (they come back as values), leaves of result trees, cotangents and VJPs."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any, Callable
+
+import torch
+
+from equiv._compat import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from equiv.examples import Side, tensor_summary
+from equiv.modes import normalise_error
+
+
+def format_tb(exc: BaseException) -> str:
+    """The user's part of a traceback (equiv's own frames dropped), at most 12 lines."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("equiv."):
+        tb = tb.tb_next
+    lines = traceback.format_exception(type(exc), exc, tb)
+    return "".join(lines[-12:])
+
+
+def call(fn: Callable[..., Any], side: Side) -> tuple[Any, BaseException | None]:
+    """``fn`` on ``side``'s arguments under ``enable_grad``: (result, None) or (None, error)."""
+    try:
+        with torch.enable_grad():
+            return side.call(fn), None
+    except Exception as e:  # the user's code raised: evidence, never a crash of equiv
+        return None, normalise_error(e)
+
+
+def is_diff(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and (t.dtype.is_floating_point or t.dtype.is_complex)
+
+
+def leaves(tree: Any) -> list[tuple[str, Any]]:
+    """(path, leaf) pairs of a result tree; ``None`` counts as a leaf."""
+    flat, _ = tree_flatten_with_path(tree, is_leaf=lambda x: x is None)
+    return [(keystr(p), v) for p, v in flat]
+
+
+def storage_key(t: torch.Tensor) -> tuple[Any, int] | None:
+    st = t.untyped_storage()
+    if st.nbytes() == 0:
+        return None
+    return (t.device, st.data_ptr())
+
+
+def detached(tree: Any) -> Any:
+    flat, spec = tree_flatten(tree)
+    return tree_unflatten([x.detach() if isinstance(x, torch.Tensor) else x for x in flat], spec)
+
+
+def detached_clone(tree: Any) -> Any:
+    flat, spec = tree_flatten(tree)
+    with torch.no_grad():
+        return tree_unflatten(
+            [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in flat], spec)
+
+
+def clone_tree(tree: Any) -> Any:
+    flat, spec = tree_flatten(tree)
+    return tree_unflatten([x.clone() if isinstance(x, torch.Tensor) else x for x in flat], spec)
+
+
+def cotangent(like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A random cotangent (or tangent) shaped like ``like``, drawn from ``gen``."""
+    dtype = like.dtype if like.dtype in (torch.float32, torch.float64, torch.complex64,
+                                         torch.complex128) else torch.float32
+    return torch.randn(like.shape, generator=gen, dtype=dtype).to(like.dtype).to(like.device)
+
+
+def vjp(outs: list[torch.Tensor], leaves_: list[torch.Tensor],
+        cots: list[torch.Tensor]) -> tuple[list[torch.Tensor], BaseException | None]:
+    """Gradients of ``outs`` w.r.t. ``leaves_`` for ``cots`` (graph retained; unused -> zeros)."""
+    try:
+        grads = torch.autograd.grad(outs, leaves_, cots, retain_graph=True, allow_unused=True)
+    except Exception as e:  # the user's backward raised
+        return [], e
+    return [torch.zeros_like(l) if g is None else g.detach() for g, l in zip(grads, leaves_)], None
+
+
+def cast_like(ref: Any, like: Any) -> Any:
+    """``ref``'s floating tensors converted to the dtype and device of the matching leaf of
+    ``like`` (differentiably); unchanged where the structures differ."""
+    r_flat, r_spec = tree_flatten(ref)
+    l_flat, l_spec = tree_flatten(like)
+    if r_spec != l_spec:
+        return ref
+    out = []
+    for r, l in zip(r_flat, l_flat):
+        if (isinstance(r, torch.Tensor) and isinstance(l, torch.Tensor)
+                and r.dtype.is_floating_point and l.dtype.is_floating_point):
+            r = r.to(device=l.device, dtype=l.dtype)
+        out.append(r)
+    return tree_unflatten(out, r_spec)
+
+
+def brief(x: Any) -> str:
+    """A one-line summary of a value for messages (``f32[2,3] cpu``, ``of length 2``)."""
+    if isinstance(x, torch.Tensor):
+        return tensor_summary(x)
+    if isinstance(x, (tuple, list)):
+        return f"of length {len(x)}"
+    return repr(x)[:60]

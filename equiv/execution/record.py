@@ -1,0 +1,403 @@
+"""The record of one example in one mode and device (:class:`Execution`), built by
+:func:`execute`, and :class:`Sink`, where checks put their findings and notes as data."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from equiv._compat import tree_flatten
+from equiv._settings import settings as Settings
+from equiv.compare import Mismatch, compare_leaf
+from equiv.errors import InvalidArgument
+from equiv.examples import Args, Side, Template
+from equiv.execution.calls import brief, call, cast_like, cotangent, detached_clone, is_diff
+from equiv.execution.calls import leaves as leaves_of
+from equiv.execution.calls import vjp
+from equiv.execution.graph import function_nodes
+from equiv.memory import measure
+from equiv.report import Finding
+from equiv.spec import Spec
+
+
+class ReferenceError_(InvalidArgument):
+    """The reference broke its contract (it mutated its input, or its result does not fit)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """How one (mode, device) executes the sides: the callables and where the reference runs."""
+
+    mode: str = "eager"
+    kind: str = "eager"
+    device: str = "cpu"
+    impl_fn: Callable[..., Any] | None = None
+    ref_fn: Callable[..., Any] | None = None
+    ref_device: str | None = None
+    ref_dtype: torch.dtype | None = None
+
+    @property
+    def cross(self) -> bool:
+        return self.ref_device is not None or self.ref_dtype is not None
+
+
+class Sink:
+    """Findings and notes of one example: plain data, filtered by the selected checks."""
+
+    def __init__(self, spec: Spec, cfg: Settings, mode: str, device: str) -> None:
+        self.spec, self.cfg, self.mode, self.device = spec, cfg, mode, device
+        self.findings: list[Finding] = []
+        self.notes: list[str] = []
+        self.dtype = "-"
+        self.template: Template | None = None  # the example, once the core has built it
+
+    def finding(self, check: str, headline: str, *, argument: str | None = None,
+                mismatch: Mismatch | None = None, details: str = "", tb: str | None = None,
+                fix: str | None = None, likely_cause: str | None = None,
+                exact: bool = False, timeline: tuple[dict[str, Any], ...] = ()) -> None:
+        if check not in self.cfg.checks:
+            return
+        self.findings.append(Finding(
+            check=check, headline=headline, spec=self.spec.name,
+            implementation=self.spec.implementation, reference=self.spec.reference,
+            mode=self.mode, device=self.device, dtype=self.dtype, argument=argument,
+            details=details or (mismatch.message if mismatch else ""),
+            max_abs=mismatch.max_abs if mismatch else None,
+            max_rel=mismatch.max_rel if mismatch else None,
+            index=mismatch.index if mismatch else None,
+            rtol=0.0 if exact else self.spec.rtol, atol=0.0 if exact else self.spec.atol,
+            traceback=tb, fix=fix, likely_cause=likely_cause, timeline=timeline,
+        ))
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+
+@dataclasses.dataclass
+class Pairing:
+    """The differentiated function's values on both sides: (name, impl tensor, ref tensor) for
+    each returned output and final value of a mutated argument that the reference
+    differentiates, the names whose gradient flow the implementation cut, and the storage groups
+    whose gradient leaves exist on both sides."""
+
+    pairs: list[tuple[str, torch.Tensor, torch.Tensor]]
+    cut: list[str]
+    groups: list[Any]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.pairs and self.groups)
+
+
+def split(spec: Spec, ref_result: Any) -> tuple[Any, dict[str, Any], bool]:
+    """(expected return value, {mutated arg: final value}, whole result consumed?)."""
+    finals: dict[str, Any] = {}
+    locs = spec.mutates
+    if not locs:
+        return ref_result, finals, False
+    if "out" in locs.values():
+        (arg,) = locs
+        return ref_result, {arg: ref_result}, True
+    for arg, loc in locs.items():
+        try:
+            finals[arg] = ref_result[loc]
+        except (TypeError, IndexError, KeyError):
+            raise ReferenceError_(
+                f"equivalent_to(mutates={dict(locs)!r}) says the final value of {arg!r} is "
+                f"at [{loc!r}] of the reference's result, but {spec.reference} returned "
+                f"{type(ref_result).__name__} {brief(ref_result)}. Return a tuple (or dict) "
+                "holding each mutated argument's final value."
+            ) from None
+    if isinstance(ref_result, (tuple, list)):
+        consumed = set(locs.values()) == set(range(len(ref_result)))
+    elif isinstance(ref_result, dict):
+        consumed = set(locs.values()) == set(ref_result)
+    else:
+        consumed = False
+    return ref_result, finals, consumed
+
+
+def pair(template: Template, impl_side: Side, impl_out: Any, ref_side: Side, ref_out: Any,
+         finals: dict[str, Any], consumed: bool) -> Pairing:
+    """Pair the differentiated values of both sides (see :class:`Pairing`)."""
+    named: list[tuple[str, Any, Any]] = []
+    if not (impl_out is None and consumed):
+        i_leaves, r_leaves = leaves_of(impl_out), leaves_of(ref_out)
+        if [p for p, _ in i_leaves] == [p for p, _ in r_leaves]:
+            named += [(f"output{p}", i, r) for (p, i), (_, r) in zip(i_leaves, r_leaves)]
+    for arg, final in finals.items():
+        i_leaves, r_leaves = leaves_of(impl_side.argument(arg)), leaves_of(final)
+        if len(i_leaves) == len(r_leaves):
+            named += [(f"final value of {arg}{p}", i, r)
+                      for (p, i), (_, r) in zip(i_leaves, r_leaves)]
+    kept, cut = [], []
+    for name, i, r in named:
+        if not (is_diff(r) and r.requires_grad and isinstance(i, torch.Tensor)):
+            continue
+        (kept if i.requires_grad else cut).append((name, i, r))
+    groups = [g for g in template.groups
+              if impl_side.leaves[g.index] is not None and ref_side.leaves[g.index] is not None]
+    return Pairing(kept, [n for n, _, _ in cut], groups)
+
+
+@dataclasses.dataclass
+class Rerun:
+    """Both sides run once more on a fresh copy (another template, e.g. requires_grad pattern)."""
+
+    impl_side: Side
+    ref_side: Side
+    impl_result: Any
+    pairing: Pairing
+    impl_exc: BaseException | None = None
+
+
+@dataclasses.dataclass
+class Backward:
+    """One backward of the implementation through its retained graph."""
+
+    grads: list[torch.Tensor]
+    error: BaseException | None
+    given: list[torch.Tensor]  # the cotangents handed to backward (checked untouched after)
+    cotangent: list[torch.Tensor]  # what they were before backward
+
+
+class Execution:
+    """One example executed on both sides in one mode and device: what every check reads.
+
+    Built by :func:`execute`. Gradients are taken lazily and cached, always in the same order:
+    the reference's VJP for the first cotangent, the implementation's backward #1 (first
+    cotangent), #2 (the same one again, retained graph), the reference's VJP for a second
+    cotangent, the implementation's backward #3 (second cotangent).
+    """
+
+    kind = "recorded"
+
+    def __init__(self, spec: Spec, cfg: Settings, cot_seed: int, place: Placement,
+                 template: Template) -> None:
+        self.spec, self.cfg, self.cot_seed, self.place = spec, cfg, cot_seed, place
+        self.template = template
+        self.impl_fn = place.impl_fn if place.impl_fn is not None else spec.impl
+        self.ref_fn = place.ref_fn if place.ref_fn is not None else spec.ref
+        self.ref_side: Side | None = None
+        self.impl_side: Side | None = None
+        self.ref_result: Any = None  # as the reference returned it (its own dtype/device)
+        self.impl_result: Any = None
+        self.ref_exc: BaseException | None = None
+        self.impl_exc: BaseException | None = None
+        self.expected: Any = None  # the reference's result at the implementation's dtype/device
+        self.finals: dict[str, Any] = {}
+        self.consumed = False
+        self.impl_versions: list[int] = []
+        self.out_snapshot: Any = None
+        self._pairing: Pairing | None = None
+        self._cots: list[list[torch.Tensor]] | None = None
+        self._ref_grads: dict[int, tuple[list[torch.Tensor], BaseException | None]] = {}
+        self._backwards: list[Backward] = []
+        self._nodes: list[Any] | None = None
+        self.cache: dict[str, Any] = {}  # derived evidence shared by checks (e.g. a replay)
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return self.place.mode
+
+    @property
+    def mode_kind(self) -> str:
+        return self.place.kind
+
+    @property
+    def device(self) -> str:
+        return self.place.device
+
+    @property
+    def valid(self) -> bool:
+        """Both sides returned normally."""
+        return self.ref_exc is None and self.impl_exc is None and self.ref_side is not None
+
+    def rejection(self) -> str | None:
+        """Why the example is invalid input (both raised the same type of error), else None."""
+        r, i = self.ref_exc, self.impl_exc
+        if r is not None and i is not None and isinstance(i, type(r)):
+            return f"the reference raised {type(r).__name__}: {str(r)[:200]}"
+        return None
+
+    # -- more runs, through the core ----------------------------------------------------------
+    def side(self, template: Template | None = None, **options: Any) -> Side:
+        """A fresh copy of the example (``template``'s, default this one's) on this device."""
+        return (template or self.template).instantiate(device=self.device, **options)
+
+    def call(self, which: str, side: Side) -> tuple[Any, BaseException | None]:
+        """The implementation (``"impl"``) or reference (``"ref"``) in this mode, on ``side``."""
+        return call(self.impl_fn if which == "impl" else self.ref_fn, side)
+
+    def rerun(self, template: Template) -> tuple[Rerun | None, BaseException | None]:
+        """Both sides again on fresh copies of ``template``: (run, None); (None, None) when the
+        reference raised; (None, error) when only the implementation raised."""
+        ref_side = self.side(template)
+        ref_result, ref_exc = self.call("ref", ref_side)
+        if ref_exc is not None:
+            return None, None
+        impl_side = self.side(template)
+        impl_result, impl_exc = self.call("impl", impl_side)
+        if impl_exc is not None:
+            return None, impl_exc
+        _, finals, consumed = split(self.spec, ref_result)
+        pairing = pair(template, impl_side, impl_result, ref_side, ref_result, finals, consumed)
+        return Rerun(impl_side, ref_side, impl_result, pairing), None
+
+    # -- the differentiated function ----------------------------------------------------------
+    def pairing(self) -> Pairing:
+        if self._pairing is None:
+            assert self.impl_side is not None and self.ref_side is not None
+            self._pairing = pair(self.template, self.impl_side, self.impl_result, self.ref_side,
+                                 self.expected, self.finals, self.consumed)
+        return self._pairing
+
+    def function_nodes(self) -> list[Any]:
+        """Custom Function nodes reachable from the implementation's differentiated values."""
+        if self._nodes is None:
+            assert self.impl_side is not None
+            finals = [self.impl_side.argument(a) for a in self.finals]
+            self._nodes = function_nodes(self.impl_result, finals)
+        return self._nodes
+
+    def cotangents(self) -> list[list[torch.Tensor]]:
+        """The first and second cotangent, one tensor per pair, from the example's seed."""
+        if self._cots is None:
+            gen = torch.Generator().manual_seed(self.cot_seed)
+            pairs = self.pairing().pairs
+            self._cots = [[cotangent(r, gen) for _, _, r in pairs] for _ in range(2)]
+        return self._cots
+
+    def leaves(self, which: str, pairing: Pairing | None = None,
+               side: Side | None = None) -> list[torch.Tensor]:
+        """Gradient leaves of one side for ``pairing``'s groups (default: this record's)."""
+        p = pairing or self.pairing()
+        side = side or (self.impl_side if which == "impl" else self.ref_side)
+        assert side is not None
+        return [side.leaves[g.index] for g in p.groups]
+
+    def ref_grads(self, n: int) -> tuple[list[torch.Tensor], BaseException | None]:
+        """The reference's VJP for cotangent ``n`` (1 or 2), at the implementation's dtype."""
+        if n not in self._ref_grads:
+            pairs = self.pairing().pairs
+            grads, err = vjp([r for _, _, r in pairs], self.leaves("ref"),
+                             self.cotangents()[n - 1])
+            if err is None and self.place.cross:
+                grads = [g.to(device=i.device, dtype=i.dtype)
+                         for g, i in zip(grads, self.leaves("impl"))]
+            self._ref_grads[n] = (grads, err)
+        return self._ref_grads[n]
+
+    def backward(self, k: int) -> Backward:
+        """The implementation's backward #``k`` (1: first cotangent, 2: the same again, 3: the
+        second cotangent), taking the earlier ones first; an earlier error is repeated."""
+        while len(self._backwards) < k:
+            if self._backwards and self._backwards[-1].error is not None:
+                return self._backwards[-1]
+            n = len(self._backwards) + 1
+            cot = self.cotangents()[0 if n < 3 else 1]
+            given = [c.clone() for c in cot]
+            pairs = self.pairing().pairs
+            grads, err = vjp([i for _, i, _ in pairs], self.leaves("impl"), given)
+            self._backwards.append(Backward(grads, err, given, cot))
+        return self._backwards[k - 1]
+
+    def measure(self, which: str) -> Any:
+        """Peak and retained bytes of one side over forward + backward on a fresh copy
+        (:func:`equiv.memory.measure`), or None when it raised."""
+        fn = self.spec.impl if which == "impl" else self.spec.ref
+        device = None if self.device == "cpu" else self.device
+        return measure(fn, self.template.instantiate(device=device), self.cot_seed)
+
+
+def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
+            place: Placement) -> Execution:
+    """Run both sides once on ``example`` and build the record (see :class:`Execution`).
+
+    Raises :class:`ReferenceError_` when the reference breaks its contract (it modified an
+    argument, or its result does not hold the declared mutated arguments' final values)."""
+    template = Template(spec.signature, example, spec.mutates.keys())
+    ex = Execution(spec, cfg, cot_seed, place, template)
+    ref_side = template.instantiate(device=place.ref_device or place.device,
+                                    dtype=place.ref_dtype)
+    ref_before, ref_versions = ref_side.snapshot(), ref_side.versions()
+    ex.ref_side = ref_side
+    ex.ref_result, ex.ref_exc = call(ex.ref_fn, ref_side)
+    if ex.ref_exc is None:
+        _check_reference_pure(spec, template, ref_side, ref_before, ref_versions)
+    impl_side = template.instantiate(device=place.device)
+    ex.impl_side, ex.impl_versions = impl_side, impl_side.versions()
+    ex.impl_result, ex.impl_exc = call(ex.impl_fn, impl_side)
+    if not ex.valid:
+        return ex
+    expected, finals, consumed = split(spec, ex.ref_result)
+    if place.cross:
+        expected = cast_like(expected, ex.impl_result)
+        finals = {a: cast_like(f, impl_side.argument(a)) for a, f in finals.items()}
+    ex.expected, ex.finals, ex.consumed = expected, finals, consumed
+    ex.out_snapshot = detached_clone(ex.impl_result)
+    return ex
+
+
+def _check_reference_pure(spec: Spec, template: Template, side: Side,
+                          before: list[torch.Tensor], versions: list[int]) -> None:
+    after = side.versions()
+    for j, (slot, t, b) in enumerate(zip(template.slots, side.tensors, before)):
+        changed = compare_leaf(t.detach(), b, rtol=0, atol=0, exact=True) is not None
+        if changed or after[j] != versions[j]:
+            raise ReferenceError_(
+                f"the reference {spec.reference} modified its argument {slot.path!r} "
+                "(a reference must be pure: it returns new tensors and leaves its inputs "
+                "unchanged). Make it functional, e.g. use x.clamp(min=0) instead of "
+                "x.clamp_(min=0), and declare the implementation's writes with mutates=."
+            )
+
+
+def expected_state(ex: Execution) -> tuple[Side, dict[int, torch.Tensor]]:
+    """A copy of the example holding what every argument must hold after the call: the
+    reference's final values for mutated arguments, the drawn values for the others. Final
+    values an expanded (self-overlapping) argument cannot hold come back by slot index."""
+    template = ex.template
+    expected = template.instantiate(grad=False, device=ex.device)
+    unrepresentable: dict[int, torch.Tensor] = {}
+    with torch.no_grad():
+        for arg, final in ex.finals.items():
+            target = expected.argument(arg)
+            t_leaves, f_leaves = tree_flatten(target)[0], tree_flatten(final)[0]
+            if len(t_leaves) != len(f_leaves):
+                raise ReferenceError_(
+                    f"the reference's final value for mutated argument {arg!r} has "
+                    f"{len(f_leaves)} leaves but the argument has {len(t_leaves)}."
+                )
+            for t, f in zip(t_leaves, f_leaves):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                if not isinstance(f, torch.Tensor) or f.shape != t.shape:
+                    raise ReferenceError_(
+                        f"the reference's final value for mutated argument {arg!r} is "
+                        f"{brief(f)}, which does not fit the argument's shape "
+                        f"{tuple(t.shape)}: check mutates= and the reference's result."
+                    )
+                try:
+                    t.copy_(f.detach().to(t.dtype))
+                except RuntimeError:  # t overlaps itself (stride 0): compare with f itself
+                    j = next(j for j, e in enumerate(expected.tensors) if e is t)
+                    unrepresentable[j] = f.detach().to(t.dtype)
+    return expected, unrepresentable
+
+
+def cotangent_written(ex: Execution, b: Backward, n: int) -> list[tuple[str, str, Mismatch, str]]:
+    """(name, headline, mismatch, fix) for each cotangent backward #``n`` wrote into."""
+    out = []
+    for (name, _, _), o, g in zip(ex.pairing().pairs, b.cotangent, b.given):
+        m = compare_leaf(g, o, rtol=0, atol=0, path=name, exact=True)
+        if m is not None:
+            out.append((name, f"backward #{n} modified the caller's cotangent (grad_output) for "
+                        f"{name} in place.", m,
+                        "do not write into grad_output in backward; use out-of-place ops "
+                        "(grad_output * x, not grad_output.mul_(x))."))
+    return out

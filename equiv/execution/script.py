@@ -1,0 +1,252 @@
+"""Scripted runs through the core: a schedule's steps (forward, in-place writes, backward,
+optimizer steps) on a fresh copy of the example, with or without the timeline recorder, and the
+replay of the core's gradient run that explains a diverging backward.
+
+Decisions are made on runs WITHOUT recording hooks (they would switch autograd's version check
+off); a diverging run is then replayed under the :class:`~equiv.timeline.Recorder`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from equiv._schedule import Schedule
+from equiv.errors import InvalidArgument
+from equiv.examples import Side, Template
+from equiv.execution.calls import call, cotangent, vjp
+from equiv.execution.calls import leaves as leaves_of
+from equiv.execution.record import Execution, Sink, pair, split
+from equiv.timeline import Recorder, likely_cause
+
+_LR = 0.5
+
+
+@dataclasses.dataclass
+class ScriptResult:
+    grads: list[list[torch.Tensor]]  # one list per backward, one tensor per gradient leaf
+    error: BaseException | None = None
+    failed_step: str | None = None
+    forward_error: BaseException | None = None
+
+
+class Script:
+    """Scripted runs of one example (a :class:`~equiv.Schedule`'s steps), eagerly, on fresh
+    copies: the reference's differentiated pairs, its leaves and gradients, cotangents."""
+
+    def __init__(self, ex: Execution) -> None:
+        self.ex = ex
+        template = ex.template
+        self.template: Template = template
+        spec = self.spec = ex.spec
+        self.device = None if ex.device == "cpu" else ex.device
+        self.ref_side = template.instantiate(device=self.device)
+        ref_out, err = call(spec.ref, self.ref_side)
+        self.ok = err is None
+        if not self.ok:
+            return
+        self.ref_out = ref_out
+        _, self.finals, self.consumed = split(spec, ref_out)
+        self.pairs = pair(template, self.ref_side, ref_out, self.ref_side, ref_out, self.finals,
+                          self.consumed).pairs
+        if self.consumed:  # the result IS the mutated arguments' final values: use those only
+            self.pairs = [p for p in self.pairs if not p[0].startswith("output")]
+        self.groups = [g for g in template.groups if self.ref_side.leaves[g.index] is not None]
+        self.names = [template.group_name(g) for g in self.groups]
+        self.ok = bool(self.pairs and self.groups)
+
+    def cotangents(self, count: int) -> list[list[torch.Tensor]]:
+        gen = torch.Generator().manual_seed(self.ex.cot_seed + 7919)
+        return [[cotangent(r, gen) for _, _, r in self.pairs] for _ in range(count)]
+
+    def reference_grads(self, cots: list[list[torch.Tensor]]) -> list[list[torch.Tensor]] | None:
+        outs = [r for _, _, r in self.pairs]
+        leaves = [self.ref_side.leaves[g.index] for g in self.groups]
+        result = []
+        for c in cots:
+            grads, err = vjp(outs, leaves, c)
+            if err is not None:
+                return None
+            result.append(grads)
+        return result
+
+    def execute(self, schedule: Schedule, fn: Any, cots: list[list[torch.Tensor]],
+                recorder: Recorder | None = None) -> ScriptResult:
+        """Run ``schedule`` on a fresh copy of the example; never raises the user's errors.
+
+        Under a ``recorder`` the run ends with a ``release`` phase: the graph, the outputs and
+        then the arguments are dropped, so the timeline shows when each storage is freed."""
+        side: Side = self.template.instantiate(device=self.device)
+        leaves = [side.leaves[g.index] for g in self.groups]
+        result = ScriptResult([])
+        if recorder is None:
+            self._steps(schedule, fn, side, leaves, cots, result, None)
+            return result
+        self._name_arguments(recorder, side, leaves)
+        with recorder:
+            self._steps(schedule, fn, side, leaves, cots, result, recorder)
+            # the steps' frame is gone, so the graph and outputs are freed; now the arguments
+            # (no gc.collect(): a full collection costs ~0.3 s; storages kept only by reference
+            # cycles, e.g. a ctx attribute holding an output, are simply not shown released)
+            del side, leaves
+        return result
+
+    def _name_arguments(self, recorder: Recorder, side: Side,
+                        leaves: list[torch.Tensor]) -> None:
+        for slot, t in zip(self.template.slots, side.tensors):
+            recorder.name(t, slot.path)
+        for name, leaf in zip(self.names, leaves):
+            recorder.name(leaf, name)
+
+    def _steps(self, schedule: Schedule, fn: Any, side: Side, leaves: list[torch.Tensor],
+               cots: list[list[torch.Tensor]], result: ScriptResult,
+               recorder: Recorder | None) -> None:
+        try:
+            out, err = call(fn, side)
+            if err is not None:
+                result.forward_error = err
+                return
+            outs = self._outputs(side, out, is_ref=fn is self.spec.ref)
+            if outs is None:
+                result.forward_error = RuntimeError("outputs do not match the reference's")
+                return
+            if recorder is not None:
+                for (name, _, _), o in zip(self.pairs, outs):
+                    recorder.name(o, name)
+                recorder.after_forward(outs)
+            n_back = 0
+            for step in schedule.steps[1:]:
+                try:
+                    if step.startswith("write"):
+                        if recorder is not None:
+                            recorder.phase("after forward")
+                        self._write(step[6:], side, outs)
+                    elif step == "backward":
+                        if recorder is not None:
+                            recorder.phase(f"backward #{n_back + 1}")
+                        given = [c.clone() for c in cots[n_back]]
+                        if recorder is not None:
+                            for (name, _, _), c in zip(self.pairs, given):
+                                recorder.name(c, f"grad_output for {name}")
+                        n_back += 1
+                        grads = torch.autograd.grad(outs, leaves, given, retain_graph=True,
+                                                    allow_unused=True)
+                        result.grads.append([torch.zeros_like(l) if g is None else g.detach()
+                                             for g, l in zip(grads, leaves)])
+                    elif step == "step":
+                        if recorder is not None:
+                            recorder.phase("step")
+                            recorder.step("SGD")
+                        self._step(leaves, result.grads[-1] if result.grads else None)
+                except Exception as e:  # the user's code raised: that is the outcome
+                    result.error, result.failed_step = e, step
+                    return
+        finally:
+            if recorder is not None:
+                recorder.phase("release")
+
+    def _outputs(self, side: Side, out: Any, *, is_ref: bool
+                 ) -> list[torch.Tensor] | None:
+        """The differentiated tensors, in the order of ``self.pairs``: returned outputs and
+        final values of mutated arguments (for the pure reference: where its result holds them)."""
+        if self.consumed:
+            tree: list[tuple[str, Any]] = []
+        else:
+            tree = [(f"output{p}", v) for p, v in leaves_of(out)]
+        finals = split(self.spec, out)[1] if is_ref else {a: side.argument(a) for a in self.finals}
+        for arg, final in finals.items():
+            tree += [(f"final value of {arg}{p}", v) for p, v in leaves_of(final)]
+        by_name = dict(tree)
+        outs = []
+        for name, _, _ in self.pairs:
+            t = by_name.get(name)
+            if not isinstance(t, torch.Tensor) or not t.requires_grad:
+                return None
+            outs.append(t)
+        return outs
+
+    def _write(self, target: str, side: Side, outs: list[torch.Tensor]) -> None:
+        if target.startswith("out"):
+            index = int(target[4:-1]) if target != "out" else None
+            chosen = outs if index is None else [outs[index]]
+        else:
+            def hit(path: str) -> bool:
+                return path == target or path.split("[")[0] == target
+
+            chosen = []
+            for g in self.template.groups:  # write the gradient leaf the argument lives in
+                if not any(hit(self.template.slots[j].path) for j in g.slots):
+                    continue
+                leaf = side.leaves[g.index]
+                if leaf is not None and not g.mutated:
+                    chosen.append(leaf)
+                else:
+                    chosen += [side.tensors[j] for j in g.slots
+                               if hit(self.template.slots[j].path)]
+        with torch.no_grad():
+            for t in chosen:
+                if t.dtype.is_floating_point or t.dtype.is_complex:
+                    t.add_(1.0)
+
+    def _step(self, leaves: list[torch.Tensor], grads: list[torch.Tensor] | None) -> None:
+        if grads is None:
+            raise InvalidArgument("Schedule: 'step' needs a 'backward' before it.")
+        params = set(self.spec.parameters)
+        chosen = [(leaf, g) for leaf, g, grp in zip(leaves, grads, self.groups)
+                  if any(self.template.slots[j].path.split("[")[0] in params for j in grp.slots)]
+        if not chosen:
+            return
+        for leaf, g in chosen:
+            leaf.grad = g.clone()
+        # foreach=False: under a Python dispatch mode (the recorder) _foreach_add_ does not bump
+        # version counters on torch 2.13, so the replay would disagree with the real run
+        opt = torch.optim.SGD([leaf for leaf, _ in chosen], lr=_LR, foreach=False)
+        opt.step()
+        for leaf, _ in chosen:
+            leaf.grad = None
+
+
+def replay(ex: Execution, schedule: Schedule, fn: Any, cots: list[list[torch.Tensor]],
+           sink: Sink, script: Script | None = None) -> tuple[str | None, tuple[dict, ...]]:
+    """Replay ``schedule`` on ``fn`` under the recorder: (likely cause, timeline events)."""
+    script = script or Script(ex)
+    rec = Recorder()
+    try:
+        script.execute(schedule, fn, cots, recorder=rec)
+    except RuntimeError as e:  # e.g. saved-tensor hooks disabled by an enclosing context
+        sink.note(f"timeline recorder unavailable: {str(e)[:160]}")
+        return None, ()
+    return likely_cause(rec.events), tuple(rec.events)
+
+
+def explain_backwards(ex: Execution, sink: Sink, first: int) -> None:
+    """Replay the core's gradient run (forward, backward #1, #2 with the same cotangent, #3 with
+    a second one) on the implementation under the recorder, once per example, and attach the
+    timeline and likely cause to ``sink.findings[first:]``."""
+    if "backward-replay" not in ex.cache:
+        ex.cache["backward-replay"] = _replay_backwards(ex, sink)
+    explained = ex.cache["backward-replay"]
+    if explained is None:
+        return
+    cause, events = explained
+    for i in range(first, len(sink.findings)):
+        f = sink.findings[i]
+        sink.findings[i] = dataclasses.replace(f, timeline=events,
+                                               likely_cause=cause or f.likely_cause)
+
+
+def _replay_backwards(ex: Execution, sink: Sink) -> tuple[str | None, tuple[dict, ...]] | None:
+    script = Script(ex)
+    if not script.ok:
+        return None
+    gen = torch.Generator().manual_seed(ex.cot_seed)
+    cot1 = [cotangent(r, gen) for _, _, r in script.pairs]
+    cot2 = [cotangent(r, gen) for _, _, r in script.pairs]
+    repeated = ex.cfg.backward_repeats >= 2 and "repeated-backward" in ex.cfg.checks
+    steps = ("forward", "backward", "backward", "backward") if repeated else ("forward", "backward")
+    cause, events = replay(ex, Schedule(steps), ex.spec.impl, [cot1, cot1, cot2], sink, script)
+    if not events and cause is None:
+        return None
+    return cause, events

@@ -1,0 +1,128 @@
+"""One example through the catalog: the core executes it, then every check that applies to the
+mode and the record runs in catalog order. The runner (:mod:`equiv.run`) calls
+:func:`execute_example` for each example Hypothesis draws, and again to replay a finding.
+
+This is also the error boundary between the checks and the runner: a check that raises
+anything but an :class:`~equiv.EquivError` is a bug in equiv, reported as
+:class:`~equiv.InternalError` naming the spec and the check, never as a finding about the user's
+code (the user's own exceptions are values inside the core, see :func:`equiv.execution.calls.call`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import ModuleType
+from typing import Any
+
+from equiv._catalog import CATALOG, ROWS, CheckRow
+from equiv._settings import settings as Settings
+from equiv.checks import (
+    aliasing,
+    double_backward,
+    error_parity,
+    forward,
+    gradients,
+    mark_dirty,
+    memory,
+    mutation,
+    needs_input_grad,
+    opcheck,
+    output_stability,
+    repeated_backward,
+    schedule,
+)
+from equiv.errors import EquivError, InternalError
+from equiv.examples import Template
+from equiv.execution.record import Placement, Sink, execute
+from equiv.execution.transforms import Unsupported, jvp_run, vmap_runs
+from equiv.modes import ModeRun
+from equiv.report import Finding
+from equiv.spec import Spec
+
+_MODULES: dict[str, ModuleType] = {m.NAME: m for m in (
+    error_parity, forward, mutation, aliasing, gradients, repeated_backward, mark_dirty,
+    needs_input_grad, double_backward, opcheck, output_stability, schedule, memory)}
+
+assert set(_MODULES) == set(ROWS), "every catalog row needs exactly one check module"
+assert all(_MODULES[r.name].__name__ == f"equiv.checks.{r.module}" for r in CATALOG)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one example produced: findings, or the reason it was rejected as invalid."""
+
+    findings: list[Finding]
+    invalid: str | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+    template: Template | None = None
+
+
+def narrowed(cfg: Settings, kind: str) -> Settings:
+    """``cfg`` with the checks that run in mode kind ``kind``; functionalize keeps at least the
+    forward check (the other checks do not apply there)."""
+    if kind != "functionalize":
+        return cfg
+    kept = tuple(c for c in cfg.checks if kind in ROWS[c].modes)
+    return Settings(cfg, checks=kept or ("forward",))
+
+
+def rows_for(cfg: Settings, kind: str) -> list[CheckRow]:
+    """The selected checks that run in mode kind ``kind``, in catalog order."""
+    return [r for r in CATALOG if r.name in cfg.checks and kind in r.modes]
+
+
+def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun,
+                    device: str, *, place: Placement | None = None) -> Outcome:
+    """Execute one example in ``state``'s mode and run every applicable check on it."""
+    mode = state.mode
+    kind = place.kind if place is not None else mode.kind
+    sink = Sink(spec, cfg, place.mode if place is not None else mode.name, device)
+    if kind == "vmap":
+        try:
+            for run in vmap_runs(spec, cfg, args, cot_seed, mode.name, device, sink):
+                n = len(sink.findings)
+                _run_checks(cfg, run, sink, "vmap")
+                if len(sink.findings) > n:
+                    break
+        except Unsupported as e:
+            state.unsupported = str(e)
+        return Outcome(sink.findings, None, sink.notes, sink.template)
+    if kind == "jvp":
+        try:
+            run = jvp_run(spec, cfg, args, cot_seed, mode.name, device, sink)
+        except Unsupported as e:
+            state.unsupported = str(e)
+            run = None
+        if run is not None:
+            _run_checks(cfg, run, sink, "jvp")
+        return Outcome(sink.findings, None, sink.notes, sink.template)
+    place = place or Placement(mode.name, mode.kind, device, state.impl_fn(), None,
+                               state.ref_device, state.ref_dtype)
+    ex = execute(spec, cfg, args, cot_seed, place)
+    sink.template, sink.dtype = ex.template, ex.template.dtype
+    why = ex.rejection()
+    if why is not None:
+        return Outcome([], why, sink.notes, ex.template)
+    _run_checks(cfg, ex, sink, kind)
+    return Outcome(sink.findings, None, sink.notes, ex.template)
+
+
+def _run_checks(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
+    for row in rows_for(cfg, kind):
+        if row.needs != "example" and not ex.valid:
+            continue
+        if row.needs == "function" and not ex.function_nodes():
+            continue
+        if row.needs == "clean" and sink.findings:
+            continue
+        try:
+            _MODULES[row.name].run(ex, sink)
+        except EquivError:
+            raise
+        except Exception as e:  # a bug in equiv itself: never disguised as a finding
+            raise InternalError(
+                f"equiv failed inside its {row.name!r} check while checking {ex.spec.name} "
+                f"(mode {ex.mode}, device {ex.device}): {type(e).__name__}: {e}. This is a bug "
+                "in equiv, not a finding about your code; please report it with this traceback "
+                "and the example."
+            ) from e
