@@ -39,6 +39,23 @@ def dtype_tolerances(table: dict[torch.dtype, tuple[float, float]]) -> Iterator[
         _DTYPE_TOLERANCES.reset(token)
 
 
+#: torch.testing.assert_close's default (rtol, atol) per dtype; other dtypes compare exactly
+DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7), torch.complex32: (1e-3, 1e-5), torch.complex64: (1.3e-6, 1e-5),
+    torch.complex128: (1e-7, 1e-7),
+}
+
+
+def dtype_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """The (rtol, atol) a comparison without explicit tolerances uses for ``dtype``: the
+    current run's override (``dtype_tolerances``), else torch.testing's default."""
+    override = _DTYPE_TOLERANCES.get().get(dtype)
+    if override is not None and override[0] is not None:
+        return override
+    return DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
+
+
 def _flatten(tree: Any) -> tuple[list[tuple[str, Any]], Any]:
     leaves, spec = tree_flatten_with_path(tree, is_leaf=lambda x: x is None)
     return [(keystr(p), v) for p, v in leaves], spec

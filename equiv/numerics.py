@@ -1,0 +1,527 @@
+"""Baseline-relative numerics: judge an implementation by the error its reference makes.
+
+Three runs of the same example: the implementation, the *oracle* (the reference in float64, or
+complex128; float32 where the device has no float64) and the *baseline* (the reference at the
+implementation's dtype and device). A floating result passes when, at every element,
+
+    |actual - oracle|  <=  k * E_b  +  floor
+
+where ``E_b = max |baseline - oracle|`` over the tensor and ``floor`` is the larger of
+``floor_ulps`` ULPs of the dtype at ``max |oracle|`` and torch.testing's per-dtype tolerance
+(``atol + rtol * |oracle|``), so the rule never rejects what the default tolerance accepts.
+Where no oracle can be run, :func:`judge` falls back to the per-dtype default and says so.
+
+Pure functions: nothing here runs a check or knows a spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+from equiv._compat import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from equiv.compare import Mismatch, compare_leaf, dtype_tolerance
+
+#: default k per check: outputs (and final values of mutated arguments), first-order
+#: gradients, second-order gradients (double backward)
+K_DEFAULTS: Mapping[str, float] = {"outputs": 2.0, "gradients": 3.0, "second-order": 4.0}
+#: ULPs of the dtype, at the tensor's largest |oracle|, always allowed
+FLOOR_ULPS = 2.0
+#: an error within this many times (baseline error + ULP floor) is rounding, not a wrong value
+ROUNDING_FACTOR = 10.0
+#: tensors with at least this many elements get a p99 ULP figure in the message
+P99_MIN_ELEMENTS = 100
+
+_SHORT = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+          torch.float64: "float64", torch.complex64: "complex64", torch.complex128: "complex128"}
+
+
+# -- dtypes, ULPs and rounding -------------------------------------------------------------
+def oracle_dtype(dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.dtype:
+    """The oracle's dtype for a result of ``dtype``: float64 (complex128 for complex), float32
+    (complex64) on MPS, which has no float64. Non-floating dtypes are returned unchanged."""
+    no_f64 = torch.device(device).type == "mps"
+    if dtype.is_complex:
+        return torch.complex64 if no_f64 else torch.complex128
+    if dtype.is_floating_point:
+        return torch.float32 if no_f64 else torch.float64
+    return dtype
+
+
+def _real(dtype: torch.dtype) -> torch.dtype:
+    return {torch.complex32: torch.float16, torch.complex64: torch.float32,
+            torch.complex128: torch.float64}.get(dtype, dtype)
+
+
+def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype``'s numbers at each ``|x|`` (float64): ``eps * 2**(e-1)`` for
+    ``|x|`` in ``[2**(e-1), 2**e)``, the subnormal spacing below the smallest normal."""
+    fi = torch.finfo(_real(dtype))
+    a = x.detach().abs().to(torch.float64)
+    _, e = torch.frexp(a)
+    spacing = torch.ldexp(torch.full_like(a, fi.eps), e - 1)
+    return torch.where(a < fi.tiny, torch.full_like(a, fi.tiny * fi.eps), spacing)
+
+
+def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` rounded once, to nearest (ties to even), to ``dtype``.
+
+    ``Tensor.to(float16/bfloat16)`` from float64 rounds twice (through float32), so
+    ``1 + 2**-11 + 2**-40`` becomes 1.0 instead of ``1 + 2**-10``; this rounds in float64 at the
+    target's spacing, so both sides of a comparison get the same, correctly rounded values."""
+    if x.is_complex():
+        real = _real(dtype) if dtype.is_complex else dtype
+        out = torch.complex(round_to(x.real, real), round_to(x.imag, real))
+        return out.to(dtype) if dtype.is_complex else out.real
+    if dtype not in (torch.float16, torch.bfloat16) or not x.dtype.is_floating_point:
+        return x.to(dtype)
+    x64 = x.detach().to(torch.float64)
+    s = ulp(x64, dtype)
+    y = torch.round(x64 / s) * s  # torch.round: half to even
+    y = torch.where(y.abs() > torch.finfo(dtype).max, y.sign() * math.inf, y)
+    return torch.where(torch.isfinite(x64), y, x64).to(dtype)
+
+
+def cast_args(tree: Any, dtype: torch.dtype | None) -> Any:
+    """Every floating (complex) tensor of ``tree`` rounded once to ``dtype`` (the matching
+    complex dtype for complex tensors); other leaves unchanged. ``None``: unchanged."""
+    if dtype is None:
+        return tree
+    flat, spec = tree_flatten(tree)
+    out = []
+    for v in flat:
+        if isinstance(v, torch.Tensor) and v.dtype.is_floating_point:
+            v = round_to(v, dtype)
+        elif isinstance(v, torch.Tensor) and v.is_complex():
+            v = round_to(v, {torch.float16: torch.complex32, torch.float32: torch.complex64,
+                             torch.float64: torch.complex128}.get(dtype, v.dtype))
+        out.append(v)
+    return tree_unflatten(out, spec)
+
+
+def upcast(tree: Any, device: torch.device | str | None = None) -> Any:
+    """Every floating tensor of ``tree`` converted exactly to its oracle dtype (float64,
+    complex128) on ``device`` (default: where it is), keeping autograd; others unchanged."""
+    flat, spec = tree_flatten(tree)
+    out = []
+    for v in flat:
+        if isinstance(v, torch.Tensor) and (v.dtype.is_floating_point or v.is_complex()):
+            dev = v.device if device is None else torch.device(device)
+            v = v.to(device=dev, dtype=oracle_dtype(v.dtype, dev))
+        out.append(v)
+    return tree_unflatten(out, spec)
+
+
+# -- the two reference runs ----------------------------------------------------------------
+@dataclasses.dataclass
+class ReferenceRuns:
+    """The reference's result on the oracle's and on the baseline's arguments, or what it
+    raised. ``oracle_error`` set: no oracle (the verdict falls back to the dtype default)."""
+
+    oracle: Any = None
+    oracle_error: BaseException | None = None
+    baseline: Any = None
+    baseline_error: BaseException | None = None
+
+
+def _call(ref: Callable[..., Any], args: Any) -> tuple[Any, BaseException | None]:
+    try:
+        with torch.enable_grad():
+            if hasattr(args, "call"):  # an instantiated side: Side.call(fn)
+                return args.call(ref), None
+            if isinstance(args, dict):
+                return ref(**args), None
+            return ref(*args), None
+    except Exception as e:  # the reference raised (e.g. float64 unsupported): evidence
+        return None, e
+
+
+def run_reference(ref: Callable[..., Any], oracle_args: Any,
+                  baseline_args: Any = None) -> ReferenceRuns:
+    """Call ``ref`` on already-instantiated arguments: ``oracle_args`` in the oracle dtype
+    (see :func:`upcast`), ``baseline_args`` at the implementation's dtype/device (``None``: the
+    engine already has the baseline). Each is a tuple of positional arguments, a dict of
+    keyword arguments, or an object with ``.call(fn)``."""
+    runs = ReferenceRuns()
+    runs.oracle, runs.oracle_error = _call(ref, oracle_args)
+    if baseline_args is not None:
+        runs.baseline, runs.baseline_error = _call(ref, baseline_args)
+    return runs
+
+
+# -- the verdict ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class NumericMismatch(Mismatch):
+    """A floating leaf the rule rejects, with both errors as data.
+
+    ``rule``: ``"baseline"`` (k x the baseline's error + floor) or ``"dtype-default"``
+    (torch.testing's per-dtype tolerance: no oracle could be run). Errors are max abs over the
+    tensor, in float64; ``allowed`` is the allowance at the worst element ``index``."""
+
+    rule: str = "baseline"
+    dtype: str = ""
+    impl_error: float = math.nan
+    baseline_error: float | None = None
+    allowed: float = math.nan
+    k: float | None = None
+    floor: float | None = None
+    floor_ulps: float | None = None
+    floor_at: float | None = None  # the floor at the worst element (ULPs or dtype default)
+    ulp_max: float | None = None
+    baseline_ulp_max: float | None = None
+    ulp_p99: float | None = None
+    elements: int = 0
+    mismatched: int = 0
+    why: str | None = None  # why the fallback rule was used
+
+    @property
+    def rounding_level(self) -> bool:
+        """True when the divergence is within ``ROUNDING_FACTOR`` x (baseline error + ULP floor)
+        and its worst ULP distance within ``ROUNDING_FACTOR`` x the baseline's (or the floor's):
+        a precision difference, never evidence of a stale saved value or a wrong schedule."""
+        if self.rule != "baseline" or self.baseline_error is None or self.floor is None:
+            return False
+        ulps = max(self.baseline_ulp_max or 0.0, self.floor_ulps or 0.0)
+        return (self.impl_error <= ROUNDING_FACTOR * (self.baseline_error + self.floor)
+                and (self.ulp_max or 0.0) <= ROUNDING_FACTOR * ulps)
+
+
+def _to64(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().to("cpu")
+    return t.to(torch.complex128 if t.is_complex() else torch.float64)
+
+
+def _same_nonfinite(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    if a.is_complex():
+        return _same_nonfinite(a.real, e.real) & _same_nonfinite(a.imag, e.imag)
+    return (torch.isnan(a) & torch.isnan(e)) | (a == e)
+
+
+def _errors(actual: torch.Tensor, oracle: torch.Tensor,
+            baseline: torch.Tensor | None) -> tuple[torch.Tensor, float | None]:
+    """(|actual - oracle| per element, max |baseline - oracle|). Non-finite elements: 0 where
+    the implementation's value equals the oracle's or the baseline's (NaN equal to NaN), inf
+    otherwise; the baseline's own non-finite elements are left out of its error."""
+    a, o = _to64(actual), _to64(oracle)
+    fin = torch.isfinite(a) & torch.isfinite(o)
+    diff = torch.where(fin, (a - o).abs(), torch.zeros((), dtype=torch.float64))
+    ok = _same_nonfinite(a, o)
+    if baseline is None:
+        return torch.where(fin | ok, diff, math.inf), None
+    b = _to64(baseline)
+    ok = ok | _same_nonfinite(a, b)
+    diff = torch.where(fin | ok, diff, math.inf)
+    b_fin = torch.isfinite(b) & torch.isfinite(o)
+    b_err = torch.where(b_fin, (b - o).abs(), torch.zeros((), dtype=torch.float64))
+    return diff, float(b_err.max()) if b_err.numel() else 0.0
+
+
+def _worst(excess: torch.Tensor) -> tuple[int, tuple[int, ...]]:
+    flat = int(excess.reshape(-1).argmax())
+    if excess.dim() == 0:
+        return flat, ()
+    return flat, tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), excess.shape))
+
+
+def _ulp_stats(diff: torch.Tensor, oracle: torch.Tensor,
+               dtype: torch.dtype) -> tuple[float, float | None]:
+    d = (diff / ulp(_to64(oracle).abs(), dtype)).reshape(-1)
+    d = torch.nan_to_num(d, nan=math.inf)
+    p99 = float(torch.quantile(d, 0.99)) if d.numel() >= P99_MIN_ELEMENTS and \
+        d.numel() <= 16_000_000 else None
+    return float(d.max()), p99
+
+
+def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Tensor | None, *,
+          k: float = K_DEFAULTS["outputs"], floor_ulps: float = FLOOR_ULPS,
+          dtype: torch.dtype | None = None, path: str = "", why: str | None = None
+          ) -> NumericMismatch | None:
+    """Judge one floating tensor. ``oracle`` None: fall back to the per-dtype default
+    tolerance against ``baseline`` (``why`` says why, for the message). ``dtype``: the
+    implementation's (default ``actual.dtype``); shapes must agree (compare structure first)."""
+    dtype = dtype or actual.dtype
+    if oracle is None:
+        return _fallback(actual, baseline, dtype=dtype, path=path, why=why)
+    if actual.shape != oracle.shape or (baseline is not None and baseline.shape != oracle.shape):
+        raise ValueError(f"judge({path!r}): shapes differ: {tuple(actual.shape)} vs "
+                         f"{tuple(oracle.shape)}; compare structure before judging numerics")
+    if actual.numel() == 0:
+        return None
+    diff, e_b = _errors(actual, oracle, baseline)
+    o_abs = _to64(oracle).abs()
+    scale = float(torch.nan_to_num(o_abs, posinf=0.0).max())
+    ulp_floor = floor_ulps * float(ulp(torch.tensor(scale, dtype=torch.float64), dtype))
+    rtol, atol = dtype_tolerance(dtype)
+    floor = torch.clamp(atol + rtol * torch.nan_to_num(o_abs, posinf=0.0), min=ulp_floor)
+    allowed = k * (e_b or 0.0) + floor
+    bad = diff > allowed
+    if not bool(bad.any()):
+        return None
+    flat, index = _worst(diff - allowed)
+    u_max, u_p99 = _ulp_stats(diff, oracle, dtype)
+    b_ulp = None if baseline is None else _ulp_stats(_errors(baseline, oracle, None)[0], oracle,
+                                                     dtype)[0]
+    m = NumericMismatch(
+        path=path, message="", max_abs=float(diff.max()), max_rel=None, index=index,
+        rule="baseline", dtype=_SHORT.get(dtype, str(dtype)), impl_error=float(diff.max()),
+        baseline_error=e_b, allowed=float(allowed.reshape(-1)[flat]), k=k, floor=ulp_floor,
+        floor_ulps=floor_ulps, floor_at=float(floor.reshape(-1)[flat]), ulp_max=u_max,
+        baseline_ulp_max=b_ulp, ulp_p99=u_p99, elements=diff.numel(),
+        mismatched=int(bad.sum()))
+    return dataclasses.replace(m, message=describe(m))
+
+
+def _fallback(actual: torch.Tensor, baseline: torch.Tensor | None, *, dtype: torch.dtype,
+              path: str, why: str | None) -> NumericMismatch | None:
+    if baseline is None:
+        raise ValueError(f"judge({path!r}): give an oracle or a baseline")
+    m = compare_leaf(actual, baseline, rtol=None, atol=None, path=path)
+    if m is None:
+        return None
+    rtol, atol = dtype_tolerance(dtype)
+    why = why or "no oracle"
+    return NumericMismatch(
+        path=path, message=f"{m.message}\n(per-dtype default rtol={rtol:g}, atol={atol:g}: "
+                           f"{why})",
+        max_abs=m.max_abs, max_rel=m.max_rel, index=m.index, rule="dtype-default",
+        dtype=_SHORT.get(dtype, str(dtype)), impl_error=m.max_abs if m.max_abs is not None
+        else math.nan, elements=actual.numel(), why=why)
+
+
+def describe(m: NumericMismatch) -> str:
+    """The message lines of a baseline-rule mismatch (both errors, the allowance, ULPs)."""
+    at = f" at index {m.index}" if m.index is not None else ""
+    floor = (f"{m.floor_ulps:g} ulp" if m.floor_at is None or m.floor is None
+             or m.floor_at <= m.floor else f"the {m.dtype} default tolerance {m.floor_at:.2g}")
+    lines = [
+        f"implementation max error {m.impl_error:.3g} vs {_oracle_name(m.dtype)}, the {m.dtype} "
+        f"reference's own error {m.baseline_error:.3g}, allowed {m.k:g}x + {floor} = "
+        f"{m.allowed:.3g}{at}",
+        f"Mismatched elements: {m.mismatched} / {m.elements} "
+        f"({100.0 * m.mismatched / max(m.elements, 1):.1f}%)",
+        f"ULP distance from {_oracle_name(m.dtype)} (in {m.dtype} ulps): max {m.ulp_max:.3g}"
+        + (f", p99 {m.ulp_p99:.3g}" if m.ulp_p99 is not None else ""),
+    ]
+    if m.baseline_error is not None and m.floor is not None and m.rounding_level:
+        lines.append(f"rounding-level: within {ROUNDING_FACTOR:g}x the reference's own error "
+                     "(a precision difference, not a wrong value)")
+    return "\n".join(lines)
+
+
+def _oracle_name(dtype: str) -> str:
+    return "complex128" if dtype.startswith("complex") else "float64"
+
+
+# -- finite differences --------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class FiniteDifference:
+    """``<cotangent, J v>`` by central differences (``value``) against the implementation's
+    ``<vjp(cotangent), v>`` (``analytic``), and the tolerance between them."""
+
+    value: float
+    analytic: float
+    tolerance: float
+    step: float
+    skipped: tuple[str, ...] = ()  # leaves not perturbed (complex, integer)
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.value - self.analytic) <= self.tolerance
+
+
+def _is_none(x: Any) -> bool:
+    return x is None
+
+
+def random_direction(args: Any, seed: int = 0) -> Any:
+    """A float64 direction shaped like ``args``: unit-norm Gaussian over every real floating
+    tensor (one direction for all of them together), ``None`` elsewhere (integers, complex)."""
+    flat, spec = tree_flatten(args, is_leaf=_is_none)
+    gen = torch.Generator().manual_seed(seed)
+    vs = [torch.randn(v.shape, generator=gen, dtype=torch.float64)
+          if isinstance(v, torch.Tensor) and v.dtype.is_floating_point else None for v in flat]
+    norm = math.sqrt(sum(float((v * v).sum()) for v in vs if v is not None)) or 1.0
+    return tree_unflatten([None if v is None else v / norm for v in vs], spec)
+
+
+def _as_tensors(result: Any) -> list[torch.Tensor]:
+    return [torch.as_tensor(v).detach().to("cpu") for v in tree_flatten(result)[0]
+            if isinstance(v, torch.Tensor) or hasattr(v, "__array__")]
+
+
+def _inner(cot: list[torch.Tensor], out: list[torch.Tensor]) -> tuple[float, float]:
+    """(Re <c, f>, sum |c||f|), in float64."""
+    total, scale = 0.0, 0.0
+    for c, f in zip(cot, out):
+        c, f = _to64(c), _to64(f)
+        total += float((c.conj() * f).real.sum())
+        scale += float((c.abs() * f.abs()).sum())
+    return total, scale
+
+
+def fd_vjp(fn: Callable[..., Any], args: tuple, cotangent: Any, direction: Any, *,
+           eps: float | None = None) -> tuple[float, float, float]:
+    """``<cotangent, J v>`` of ``fn`` at ``args`` along ``direction`` by central differences in
+    float64: two calls of ``fn``. Returns (value, step, error bound of the difference: float64
+    rounding ``u * sum|c||f| / h`` plus truncation ``h**2 * (|value| + sum|c||f|)``)."""
+    a_flat, a_spec = tree_flatten(args, is_leaf=_is_none)
+    d_flat = direction if isinstance(direction, list) and len(direction) == len(a_flat) \
+        else tree_flatten(direction, is_leaf=_is_none)[0]
+    if len(d_flat) != len(a_flat):
+        raise ValueError("fd_vjp: direction must be shaped like args (see random_direction)")
+    scale_x = max([float(_to64(a).abs().max()) for a, d in zip(a_flat, d_flat)
+                   if d is not None and a.numel()] + [1.0])
+    h = eps if eps is not None else torch.finfo(torch.float64).eps ** (1 / 3) * scale_x
+    cot = [c for c in tree_flatten(cotangent)[0] if isinstance(c, torch.Tensor)]
+
+    def at(sign: float) -> tuple[float, float]:
+        moved = [a.detach().to(torch.float64) + sign * h * d if d is not None else a
+                 for a, d in zip(a_flat, d_flat)]
+        with torch.no_grad():
+            return _inner(cot, _as_tensors(fn(*tree_unflatten(moved, a_spec))))
+
+    (plus, s_plus), (minus, s_minus) = at(1.0), at(-1.0)
+    value = (plus - minus) / (2 * h)
+    scale = (s_plus + s_minus) / 2
+    error = torch.finfo(torch.float64).eps * scale / h + h * h * (abs(value) + scale)
+    return value, h, error
+
+
+def check_vjp_fd(fn: Callable[..., Any], args: tuple, cotangent: Any, impl_grads: Any, *,
+                 dtype: torch.dtype, seed: int = 0, ulps: float = 8.0,
+                 eps: float | None = None) -> FiniteDifference:
+    """Compare the implementation's VJP ``impl_grads`` (shaped like ``args``, None where no
+    gradient) with central differences of ``fn`` (the reference, called in float64) along one
+    random direction, then along the implementation's own gradient (which no sign or scale
+    error survives): four calls of ``fn``. Returns the first failing comparison, else the
+    random one. Tolerance: the difference's error bound plus ``ulps`` ULPs of ``dtype`` on
+    ``||g * v||_2`` (the implementation's rounding, independent per element). Complex and
+    integer arguments are not perturbed (listed in ``skipped``)."""
+    args64 = upcast(args)
+    cot = [upcast(c) for c in tree_flatten(cotangent)[0]]
+    g_flat = tree_flatten(impl_grads, is_leaf=_is_none)[0]
+    random = random_direction(args64, seed)
+    d_rand = tree_flatten(random, is_leaf=_is_none)[0]
+    aligned = [None if d is None or not isinstance(g, torch.Tensor) else
+               _to64(g).reshape(d.shape) for g, d in zip(g_flat, d_rand)]
+    norm = math.sqrt(sum(float((v * v).sum()) for v in aligned if v is not None)) or 1.0
+    skipped = tuple(keystr(p) for (p, a), d in zip(
+        tree_flatten_with_path(args, is_leaf=_is_none)[0], d_rand)
+        if isinstance(a, torch.Tensor) and d is None)
+    results = []
+    for d_flat in (d_rand, [None if v is None else v / norm for v in aligned]):
+        value, h, fd_err = fd_vjp(fn, args64, cot, d_flat, eps=eps)
+        analytic, g_sq = 0.0, 0.0
+        for g, d in zip(g_flat, d_flat):
+            if d is not None and isinstance(g, torch.Tensor):
+                gv = _to64(g).reshape(d.shape) * d
+                analytic += float(gv.sum())
+                g_sq += float((gv * gv).sum())
+        tol = fd_err + ulps * torch.finfo(_real(dtype)).eps * math.sqrt(g_sq)
+        results.append(FiniteDifference(value, analytic, tol, h, skipped))
+    return next((r for r in results if not r.ok), results[0])
+
+
+# -- the per-example prototype --------------------------------------------------------------
+@dataclasses.dataclass
+class Observed:
+    """One side's compared values of an example: ``values`` (outputs and final values of
+    mutated arguments, by name) and ``grads`` (gradient per input group, by name)."""
+
+    values: dict[str, torch.Tensor]
+    grads: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class ExampleVerdict:
+    """What :func:`judge_example` found: mismatches, the rule used, notes for the report."""
+
+    mismatches: list[NumericMismatch]
+    rule: str
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def _floating(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and (t.dtype.is_floating_point or t.is_complex())
+
+
+def judge_values(impl: Mapping[str, Any], oracle: Mapping[str, Any] | None,
+                 baseline: Mapping[str, Any], *, k: float, floor_ulps: float = FLOOR_ULPS,
+                 why: str | None = None) -> list[NumericMismatch]:
+    """:func:`judge` every floating value by name (non-floating values are the engine's
+    exact comparison); ``oracle`` None: every value falls back to the dtype default."""
+    out = []
+    for name, a in impl.items():
+        b = baseline.get(name)
+        o = None if oracle is None else oracle.get(name)
+        if not (_floating(a) and _floating(b)) or a.shape != b.shape:
+            continue
+        if o is not None and (not _floating(o) or o.shape != a.shape):
+            o = None
+        m = judge(a, o, b, k=k, floor_ulps=floor_ulps, dtype=a.dtype, path=name,
+                  why=why if o is None else None)
+        if m is not None:
+            out.append(m)
+    return out
+
+
+def judge_example(ref: Callable[..., Any], oracle_args: Any, impl: Observed, baseline: Observed,
+                  *, pair: Callable[[Any], dict[str, torch.Tensor]],
+                  leaves: Mapping[str, torch.Tensor] | None = None,
+                  cotangent: Mapping[str, torch.Tensor] | None = None,
+                  k: Mapping[str, float] = K_DEFAULTS, floor_ulps: float = FLOOR_ULPS
+                  ) -> ExampleVerdict:
+    """Everything numeric about one example, given the implementation's and the baseline's
+    observations: one oracle call of ``ref`` on ``oracle_args`` (float64, requiring grad where
+    the side does), ``pair`` naming its compared values like ``impl.values``, then the oracle's
+    VJP with ``cotangent`` (by value name, upcast) w.r.t. ``leaves`` (by gradient name).
+    Results already at float64 have no more precise oracle: they use the dtype default."""
+    notes: list[str] = []
+    runs = run_reference(ref, oracle_args)
+    why = None
+    if runs.oracle_error is not None:
+        why = (f"the reference raised {type(runs.oracle_error).__name__} in float64: "
+               f"{str(runs.oracle_error)[:120]}")
+        notes.append(f"no float64 oracle ({why}); compared with the per-dtype default tolerance")
+    oracle_values = None if why else pair(runs.oracle)
+    precise = {n for n, a in impl.values.items()
+               if _floating(a) and oracle_dtype(a.dtype) == a.dtype}
+    if oracle_values is not None and precise:
+        oracle_values = {n: v for n, v in oracle_values.items() if n not in precise}
+    found = judge_values(impl.values, oracle_values, baseline.values, k=k["outputs"],
+                         floor_ulps=floor_ulps, why=why or "float64 has no more precise oracle")
+    if impl.grads and leaves and cotangent and oracle_values is not None:
+        oracle_grads = _oracle_vjp(oracle_values, leaves, cotangent, notes)
+        found += judge_values(impl.grads, oracle_grads, baseline.grads, k=k["gradients"],
+                              floor_ulps=floor_ulps, why="the reference's float64 backward "
+                              "failed")
+    rule = "dtype-default" if why else "baseline"
+    return ExampleVerdict(found, rule, notes)
+
+
+def _oracle_vjp(values: Mapping[str, torch.Tensor], leaves: Mapping[str, torch.Tensor],
+                cotangent: Mapping[str, torch.Tensor],
+                notes: list[str]) -> dict[str, torch.Tensor] | None:
+    names = [n for n in cotangent if n in values and values[n].requires_grad]
+    if not names:
+        notes.append("the float64 oracle's result does not require grad; gradients need "
+                     "finite differences (check_vjp_fd)")
+        return None
+    outs = [values[n] for n in names]
+    cots = [cotangent[n].detach().to(device=o.device, dtype=o.dtype) for n, o in zip(names, outs)]
+    try:
+        grads = torch.autograd.grad(outs, list(leaves.values()), cots, allow_unused=True)
+    except Exception as e:  # the reference's backward raised in float64
+        notes.append(f"the float64 oracle's backward raised {type(e).__name__}; gradients "
+                     "compared with the per-dtype default")
+        return None
+    return {n: torch.zeros_like(l) if g is None else g.detach()
+            for (n, l), g in zip(leaves.items(), grads)}
+
+
+def leaves_named(tree: Any) -> Iterable[tuple[str, Any]]:
+    """``(keystr path, leaf)`` pairs of a pytree, for naming compared values."""
+    return [(keystr(p), v) for p, v in tree_flatten_with_path(tree)[0]]
