@@ -20,6 +20,7 @@ from equiv.modes import Mode, compiled
 from equiv.report import Finding, ModeResult, Report
 from equiv.run import check
 from equiv.spec import Spec, equivalent_to, registry
+import equiv.modules  # noqa: E402,F401  (registers nn.Module pairs with equivalent_to)
 
 __version__ = "0.1.0"
 

@@ -22,6 +22,10 @@ Location = Any  # "out", an int index, or a str key into the reference's result
 
 _REGISTRY: dict[str, "Spec"] = {}
 
+# registers nn.Module pairs (installed by equiv.modules on import): (ref, module options, the
+# other options) -> a decorator, or None when ``ref`` and the options are not a module pair
+_MODULE_HOOK: Callable[..., Any] | None = None
+
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
@@ -93,6 +97,7 @@ def equivalent_to(
     parameters: Sequence[str] = (),
     max_memory_ratio: float | None = None,
     max_retained_bytes: int | None = None,
+    **module_options: Any,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
 
@@ -107,8 +112,18 @@ def equivalent_to(
     built-in hazardous schedules; ``parameters`` names the arguments an optimizer steps.
     ``max_memory_ratio`` (implementation peak / reference peak) and ``max_retained_bytes`` (bytes
     the graph keeps alive after forward) make a memory contract.
+    ``ref`` may be an ``nn.Module`` class or instance, and then ``module_options`` (``init``,
+    ``state_map``, ``input_shapes``, ``train``, ``eval``, ``repeat``) describe the pair: see
+    :mod:`equiv.modules`.
     Returns the implementation unchanged, with ``__equiv_spec__`` attached.
     """
+    module_pair = _MODULE_HOOK and _MODULE_HOOK(ref, module_options, dict(
+        mutates=mutates, inputs=inputs, examples=examples, rtol=rtol, atol=atol,
+        settings=settings, name=name, variants=variants, schedules=schedules,
+        parameters=parameters, max_memory_ratio=max_memory_ratio,
+        max_retained_bytes=max_retained_bytes))
+    if module_pair is not None:
+        return module_pair
     if not callable(ref):
         raise InvalidArgument(
             f"equivalent_to(ref=...) must be the pure reference function, got "

@@ -223,3 +223,16 @@ def test_report_renders_seed_tolerance_and_reproduce_line():
     assert "tolerance: default for the dtype" in text
     assert "Reproduce: equiv.check(off, seed=1234)" in text
     assert report.to_dict()["schema"] == "equiv.report/1"
+
+
+def test_equivalent_to_takes_module_options_for_module_pairs():
+    """nn.Module pairs go through the same decorator; the options are keyword-only extras."""
+    import inspect
+
+    from torch import nn
+
+    params = inspect.signature(equiv.equivalent_to).parameters
+    assert params["module_options"].kind is inspect.Parameter.VAR_KEYWORD
+    with pytest.raises(equiv.InvalidArgument, match="unexpected keyword argument"):
+        equiv.equivalent_to(lambda x: x, state_mapp=None)
+    assert equiv.modules.is_module_side(nn.LayerNorm)
