@@ -32,8 +32,8 @@ from torch import nn
 
 from equiv import spec as _spec
 from equiv.errors import InvalidArgument
-from equiv.examples import Args, as_args  # the example type (as equiv.strategies uses it)
-from equiv.strategies import shapes, tensors
+from equiv._args import Args, as_args
+from equiv.strategies import arguments_for, shapes, tensors
 
 __all__ = ["is_module_side", "example_code"]
 
@@ -262,8 +262,6 @@ class _ModuleSpec:
             return self.inputs(init) if callable(self.inputs) and not isinstance(
                 self.inputs, st.SearchStrategy) else self.inputs
         hint = self.input_shapes(init) if callable(self.input_shapes) else self.input_shapes
-        from equiv.strategies import arguments_for
-
         if hint is None:
             return arguments_for(self.forward_sig, dtypes_=(pair.dtype,))
         tensor_args = _tensor_parameters(self.forward_sig, _label(self.impl_side))
