@@ -230,14 +230,16 @@ class _ModeDriver:
         state.examples += 1
         if outcome.findings:
             self.stats["first_failure"] = self.stats["first_failure"] or self.stats["runs"]
-            findings = self._described(outcome, variant)
+            findings = self._described(outcome, variant, args)
             raise _signal(findings[0].check)(findings, args, cot_seed)
 
-    def _described(self, outcome: Outcome, variant: Variant) -> list[Finding]:
+    def _described(self, outcome: Outcome, variant: Variant, args: Any) -> list[Finding]:
         spec, template = self.spec, outcome.template
         name = spec.impl.__name__ if hasattr(spec.impl, "__name__") else spec.name
         example_text = template.describe(name) if template else ""
-        code = template.code(name) if template else ""
+        # a target may print its own example (a module pair rebuilds both modules)
+        own_code = getattr(spec.impl, "__equiv_code__", None)
+        code = own_code(args) if own_code else (template.code(name) if template else "")
         reproduce = (f"equiv.check({name}, seed={self.run_seed})" if self.run_seed is not None
                      else f"equiv.check({name}) with the same profile ({self.cfg.profile}: "
                      "derandomized)")
