@@ -47,14 +47,18 @@ class CheckRow:
 
 CATALOG: tuple[CheckRow, ...] = (
     CheckRow("error-parity", ErrorMismatch, "error_parity", EVERY_MODE, "example",
-             "one side raised where the other returned, or they raised different errors"),
+             "errors as contract: both raise or neither, same type and message, no partial "
+             "write before raising"),
     CheckRow("forward", OutputMismatch, "forward", EVERY_MODE, "valid",
              "returned outputs: values, dtype, shape, structure"),
     CheckRow("mutation", MutationMismatch, "mutation", ("eager", "compile", "functionalize",
                                                         "vmap"), "valid",
              "final values of mutated arguments; undeclared writes"),
     CheckRow("aliasing", AliasingMismatch, "aliasing", _RECORDED, "valid",
-             "outputs sharing storage with inputs or each other against the contract"),
+             "views as contract: outputs share input storage as the reference/aliases= say, an "
+             "in-place kernel returns its argument, outputs overlap only where the reference's do"),
+    CheckRow("no-grad", OutputMismatch, "no_grad", ("eager",), "clean",
+             "the forward contract with no input requiring grad and under torch.no_grad()"),
     CheckRow("gradients", GradientMismatch, "gradients", ("eager", "compile", "jvp"), "valid",
              "vector-Jacobian product for a random cotangent (jvp mode: the tangent)"),
     CheckRow("repeated-backward", GradientMismatch, "repeated_backward", ("eager", "compile"),
@@ -69,10 +73,13 @@ CATALOG: tuple[CheckRow, ...] = (
              "torch.library.opcheck on the custom ops the implementation calls"),
     CheckRow("output-stability", OutputMismatch, "output_stability", _RECORDED, "valid",
              "returned outputs unchanged by backward and by a second call"),
+    CheckRow("state-across-calls", OutputMismatch, "state_across_calls", ("eager",), "clean",
+             "a second call after the same tensors were updated in place matches the reference"),
     CheckRow("schedule", ScheduleMismatch, "schedule", ("eager",), "clean",
              "hazardous schedules raise or match the reference at forward-time values"),
     CheckRow("memory", MemoryMismatch, "memory", ("eager",), "valid",
-             "the memory contract: peak ratio and bytes retained by the graph"),
+             "the memory contract: peak ratio and bytes retained by the graph (default: a loose "
+             "bound on retained bytes, on a share of examples)"),
 )
 
 ROWS: dict[str, CheckRow] = {row.name: row for row in CATALOG}

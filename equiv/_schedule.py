@@ -17,7 +17,8 @@ from equiv.errors import InvalidArgument
 __all__ = ["Schedule"]
 
 _EXPECT = ("match", "raises", "raises-or-match")
-_STEP = re.compile(r"^(forward|backward|step|write (out(\[\d+\])?|[A-Za-z_]\w*(\[[^\]]+\])*))$")
+_STEP = re.compile(
+    r"^(forward|backward( [1-9]\d*)?|step|write (out(\[\d+\])?|[A-Za-z_]\w*(\[[^\]]+\])*))$")
 _LR = 0.5
 
 
@@ -25,10 +26,12 @@ _LR = 0.5
 class Schedule:
     """An ordered script run identically on both sides, and its expected outcome.
 
-    ``steps``: ``"forward"``; ``"write <arg>"`` / ``"write out"`` / ``"write out[i]"`` (an
-    in-place write under ``torch.no_grad()`` after forward); ``"backward"`` (a fresh random
-    cotangent, retained graph); ``"step"`` (an SGD step on the spec's ``parameters=``, using the
-    last backward's gradients). ``expect``: ``"match"`` (gradients equal the reference's at
+    ``steps``: ``"forward"`` (the first on the example, each further one on a copy holding other
+    values: every storage reversed); ``"write <arg>"`` / ``"write out"`` / ``"write out[i]"`` (an
+    in-place write under ``torch.no_grad()`` to the latest forward's argument or output);
+    ``"backward"`` (through the latest forward: a fresh random cotangent, retained graph),
+    ``"backward <k>"`` (through forward #k, e.g. forward, forward, backward 1, backward 2);
+    ``"step"`` (an SGD step on the spec's ``parameters=``, using the last backward's gradients). ``expect``: ``"match"`` (gradients equal the reference's at
     forward-time values), ``"raises"`` (an exception of type ``raises`` whose message matches
     the regex ``match``), or ``"raises-or-match"`` (either; the built-ins' rule).
     """
@@ -51,12 +54,18 @@ class Schedule:
         if bad:
             raise InvalidArgument(
                 f"Schedule step(s) {bad} not understood; use 'forward', 'write <argument>', "
-                "'write out', 'write out[i]', 'backward' or 'step'."
+                "'write out', 'write out[i]', 'backward', 'backward <k>' or 'step'."
             )
-        if not steps or steps[0] != "forward" or steps.count("forward") != 1:
-            raise InvalidArgument(
-                f"Schedule(steps={list(steps)}) must start with 'forward', exactly once."
-            )
+        if not steps or steps[0] != "forward":
+            raise InvalidArgument(f"Schedule(steps={list(steps)}) must start with 'forward'.")
+        forwards = 0
+        for step in steps:
+            forwards += step == "forward"
+            if step.startswith("backward ") and int(step[9:]) > forwards:
+                raise InvalidArgument(
+                    f"Schedule(steps={list(steps)}): {step!r} comes before forward "
+                    f"#{step[9:]}; 'backward <k>' goes through the k-th forward so far."
+                )
         if expect not in _EXPECT:
             raise InvalidArgument(f"Schedule(expect={expect!r}): use one of {list(_EXPECT)}.")
         if not (isinstance(raises, type) and issubclass(raises, BaseException)):

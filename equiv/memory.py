@@ -143,6 +143,26 @@ def measure(fn: Any, side: Any, cotangent_seed: int = 0) -> MemoryStats | None:
     return MemoryStats(peak, retained, by)
 
 
+def retained(fn: Any, side: Any) -> MemoryStats | None:
+    """Only the bytes the graph of ``fn``'s forward keeps alive (no tracker, no backward: one
+    forward's cost), peak 0; None when ``fn`` raises."""
+    names = {id(t): slot.path for slot, t in zip(side.template.slots, side.tensors)}
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> Any:
+        saved.append(t)
+        return t
+
+    try:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = side.call(fn)
+    except Exception:  # the user's code raised: the error checks report it
+        return None
+    outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor) and o.requires_grad]
+    kept, by = _retained(outs, saved, names)
+    return MemoryStats(0, kept, by)
+
+
 def memory_table(impl: MemoryStats, ref: MemoryStats) -> str:
     return "\n".join([
         f"{'':<16}{'peak (fwd+bwd)':>18}{'retained after forward':>26}",

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from equiv._catalog import CATALOG, ROWS, CheckRow
+from equiv._contracts import ErrorArgs
 from equiv._settings import settings as Settings
 from equiv.checks import (
     aliasing,
@@ -26,10 +27,12 @@ from equiv.checks import (
     memory,
     mutation,
     needs_input_grad,
+    no_grad,
     opcheck,
     output_stability,
     repeated_backward,
     schedule,
+    state_across_calls,
 )
 from equiv.errors import EquivError, InternalError
 from equiv.examples import Template
@@ -40,8 +43,9 @@ from equiv.report import Finding
 from equiv.spec import Spec
 
 _MODULES: dict[str, ModuleType] = {m.NAME: m for m in (
-    error_parity, forward, mutation, aliasing, gradients, repeated_backward, mark_dirty,
-    needs_input_grad, double_backward, opcheck, output_stability, schedule, memory)}
+    error_parity, forward, mutation, aliasing, no_grad, gradients, repeated_backward, mark_dirty,
+    needs_input_grad, double_backward, opcheck, output_stability, state_across_calls, schedule,
+    memory)}
 
 assert set(_MODULES) == set(ROWS), "every catalog row needs exactly one check module"
 assert all(_MODULES[r.name].__name__ == f"equiv.checks.{r.module}" for r in CATALOG)
@@ -99,9 +103,13 @@ def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: 
     place = place or Placement(mode.name, mode.kind, device, state.impl_fn(), None,
                                state.ref_device, state.ref_dtype)
     ex = execute(spec, cfg, args, cot_seed, place)
+    ex.error_input = isinstance(args, ErrorArgs)
     sink.template, sink.dtype = ex.template, ex.template.dtype
     why = ex.rejection()
-    if why is not None:
+    if why is not None:  # both raised: the error contract is still checked
+        _run_checks(cfg, ex, sink, kind)
+        if sink.findings or ex.expected_error():
+            return Outcome(sink.findings, None, sink.notes, ex.template)
         return Outcome([], why, sink.notes, ex.template)
     _run_checks(cfg, ex, sink, kind)
     return Outcome(sink.findings, None, sink.notes, ex.template)

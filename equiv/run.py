@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure, Unsatisfiable
 
 from equiv._args import as_args
+from equiv._contracts import ErrorArgs
 from equiv._settings import settings as Settings
 from equiv.compare import dtype_tolerances
 from equiv.errors import InvalidArgument
@@ -165,8 +166,11 @@ def _hypothesis_test(spec: Spec, cfg: Settings, mode: Mode, device: str, run_see
     # input variants run in eager mode only: under functionalize torch 2.13 crashed (SIGSEGV) on
     # an expanded in-place input, and new strides/aliasing recompile compiled modes
     kinds = spec.variants if mode.kind == "eager" else ()
-    strategy = st.tuples(with_variants(_inputs(spec, cfg, mode), spec.signature, spec.mutates,
-                                       kinds), st.integers(0, 2**31 - 1))
+    drawn = with_variants(_inputs(spec, cfg, mode), spec.signature, spec.mutates, kinds)
+    if spec.error_inputs is not None:  # one example in four from error_inputs=
+        errors = spec.error_inputs.map(lambda e: (ErrorArgs.of(e), NO_VARIANT))
+        drawn = st.integers(0, 3).flatmap(lambda k: errors if k == 0 else drawn)
+    strategy = st.tuples(drawn, st.integers(0, 2**31 - 1))
 
     def test(ex_and_seed: tuple[tuple[Any, Variant], int]) -> None:
         (example, variant), cot_seed = ex_and_seed

@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 from hypothesis.strategies import SearchStrategy
 
 from equiv._args import as_args
+from equiv._contracts import validate_contracts
 from equiv._options import validate_variants
 from equiv._schedule import validate_options
 from equiv._settings import settings as Settings
@@ -48,6 +49,11 @@ class Spec:
     parameters: tuple[str, ...] = ()
     max_memory_ratio: float | None = None
     max_retained_bytes: int | None = None
+    # views and errors as contract (equiv._contracts)
+    aliases: Mapping[Any, str | None] = dataclasses.field(default_factory=dict)
+    error_inputs: Any = None
+    raises: type[BaseException] | None = None
+    match: str | None = None
 
     @property
     def implementation(self) -> str:
@@ -97,6 +103,10 @@ def equivalent_to(
     parameters: Sequence[str] = (),
     max_memory_ratio: float | None = None,
     max_retained_bytes: int | None = None,
+    aliases: Mapping[Any, str | None] | None = None,
+    error_inputs: Any = None,
+    raises: type[BaseException] | None = None,
+    match: str | None = None,
     **module_options: Any,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
@@ -112,6 +122,10 @@ def equivalent_to(
     built-in hazardous schedules; ``parameters`` names the arguments an optimizer steps.
     ``max_memory_ratio`` (implementation peak / reference peak) and ``max_retained_bytes`` (bytes
     the graph keeps alive after forward) make a memory contract.
+    ``aliases`` maps output locations to the argument they must be a view of, or to None (a new
+    tensor); without an entry the reference decides. ``error_inputs`` is a strategy of examples on
+    which both sides must raise; ``raises``/``match`` are the error type and message regex both
+    sides' errors must have (then an example on which both raise it counts as a pass).
     ``ref`` may be an ``nn.Module`` class or instance, and then ``module_options`` (``init``,
     ``state_map``, ``input_shapes``, ``train``, ``eval``, ``repeat``) describe the pair: see
     :mod:`equiv.modules`.
@@ -121,7 +135,8 @@ def equivalent_to(
         mutates=mutates, inputs=inputs, examples=examples, rtol=rtol, atol=atol,
         settings=settings, name=name, variants=variants, schedules=schedules,
         parameters=parameters, max_memory_ratio=max_memory_ratio,
-        max_retained_bytes=max_retained_bytes))
+        max_retained_bytes=max_retained_bytes, aliases=aliases, error_inputs=error_inputs,
+        raises=raises, match=match))
     if module_pair is not None:
         return module_pair
     if not callable(ref):
@@ -161,6 +176,8 @@ def equivalent_to(
         kinds = validate_variants(variants, _qualname(impl))
         scheds, params = validate_options(sig, _qualname(impl), schedules, parameters,
                                           max_memory_ratio, max_retained_bytes)
+        alias_map, err_inputs, err_type, err_match = validate_contracts(
+            sig, _qualname(impl), aliases, error_inputs, raises, match)
         spec = Spec(
             impl=target, ref=ref, name=name or _qualname(target), mutates=contract,
             inputs=strategy, examples=exs, rtol=None if rtol is None else float(rtol),
@@ -168,7 +185,8 @@ def equivalent_to(
             derived_inputs=derived, variants=kinds,
             schedules=scheds, parameters=params,
             max_memory_ratio=None if max_memory_ratio is None else float(max_memory_ratio),
-            max_retained_bytes=max_retained_bytes,
+            max_retained_bytes=max_retained_bytes, aliases=alias_map,
+            error_inputs=err_inputs, raises=err_type, match=err_match,
         )
         try:
             impl.__equiv_spec__ = spec  # type: ignore[attr-defined]

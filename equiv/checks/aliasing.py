@@ -1,5 +1,14 @@
-"""``aliasing``: outputs share storage with inputs, or with each other, only where the contract
-(``mutates=``) or the reference does."""
+"""``aliasing``: views as a contract, both ways.
+
+- An output shares storage with an input only where the contract (``mutates=``, ``aliases=``)
+  or the reference does; and where the reference returns a view of an input (``x.view(...)``,
+  ``x[1:]``, ``x.t()``), the implementation must return a view of that input too (callers that
+  write through the result rely on it). ``aliases=`` declares either direction explicitly.
+- An in-place kernel declared ``mutates={"x": "out"}`` that returns a tensor must return ``x``
+  itself (same storage and view geometry), not a temporary holding its values.
+- Outputs aliasing each other are judged by element overlap, not shared storage: disjoint
+  ``chunk()`` views of one fused buffer are fine where the reference's are disjoint too.
+"""
 
 from __future__ import annotations
 
@@ -19,45 +28,130 @@ def run(ex: Any, sink: Sink) -> None:
     ref_groups = _group_keys(ex.ref_side, template)
     impl_leaves = [(p, t) for p, t in leaves(ex.impl_result) if isinstance(t, torch.Tensor)]
     ref_by_path = dict(leaves(ex.ref_result))
+    if _returns_argument(ex, sink):
+        return
     for path, t in impl_leaves:
-        key = storage_key(t)
-        if key is None or key not in impl_groups:
-            continue
-        g = impl_groups[key]
-        if g in _allowed_groups(ex, path):
-            continue
+        declared = _declared(ex, path)
+        g = impl_groups.get(storage_key(t))
         r = ref_by_path.get(path)
-        if isinstance(r, torch.Tensor) and ref_groups.get(storage_key(r)) == g:
-            continue  # the reference returns a view of the same input: same contract
-        names = ", ".join(sorted({template.slots[j].path for j in template.groups[g].slots}))
+        ref_g = ref_groups.get(storage_key(r)) if isinstance(r, torch.Tensor) else None
+        if declared is not False:  # the output must be a view: of the declared arg or ref's
+            want = _groups_of(template, declared) if declared else (
+                {ref_g} if ref_g is not None and ex.mode_kind != "functionalize" else set())
+            if want and g not in want:
+                _missing_view(ex, sink, path, want, declared)
+                continue
+        if g is None or g in _allowed_groups(ex, path):
+            continue
+        if declared is not False and (g == ref_g or g in _groups_of(template, declared)):
+            continue  # the reference (or aliases=) makes it a view of the same input
+        names = _names(template, {g})
+        why = ("aliases= declares it a new tensor" if declared is False
+               else "the reference returns a new tensor here")
         sink.finding(
             NAME, f"output{path} shares storage with input {names}, which the contract does not "
             "allow.", argument=f"output{path}",
-            details="Writes through one would change the other; the reference returns a new "
-                    "tensor here.",
+            details=f"Writes through one would change the other; {why}.",
             fix=(f"return a new tensor (e.g. .clone()), or, if the implementation writes "
                  f"{names} in place and returns it, declare mutates={{{names!r}: 'out'}}."),
         )
-    _outputs_sharing(sink, impl_leaves, impl_groups, ref_by_path)
+    _outputs_overlapping(sink, impl_leaves, impl_groups, ref_by_path)
 
 
-def _outputs_sharing(sink: Sink, impl_leaves: list[tuple[str, torch.Tensor]],
-                     impl_groups: dict[Any, int], ref_by_path: dict[str, Any]) -> None:
-    """Outputs aliasing each other where the reference's do not."""
-    seen: dict[Any, str] = {}
-    ref_keys = {p: storage_key(v) for p, v in ref_by_path.items() if isinstance(v, torch.Tensor)}
-    for path, t in impl_leaves:
-        key = storage_key(t)
-        if key is None or key in impl_groups:
-            continue
-        if key not in seen:
-            seen[key] = path
-            continue
-        other = seen[key]
-        if ref_keys.get(path) is None or ref_keys.get(path) != ref_keys.get(other):
-            sink.finding(NAME, f"output{path} and output{other} share storage, but the "
+def _missing_view(ex: Any, sink: Sink, path: str, want: set[int], declared: Any) -> None:
+    names = _names(ex.template, want)
+    source = (f"aliases= declares output{path} a view of {names}" if declared
+              else f"the reference returns a view of input {names} as output{path}")
+    sink.finding(
+        NAME, f"output{path} is a new tensor, but {source}.", argument=f"output{path}",
+        details="A caller that writes through the result expects to change the input; "
+                "with a copy the write goes nowhere.",
+        fix=f"return a view of {names} (view/reshape/slicing/transpose, no .contiguous() or "
+            "clone), or declare aliases={<location>: None} if a copy is the contract.",
+    )
+
+
+def _returns_argument(ex: Any, sink: Sink) -> bool:
+    """mutates={"x": "out"}: a returned tensor must be ``x`` itself (same storage and view)."""
+    arg = next((a for a, loc in ex.spec.mutates.items() if loc == "out"), None)
+    out, x = ex.impl_result, ex.impl_side.argument(arg) if arg else None
+    if not (isinstance(out, torch.Tensor) and isinstance(x, torch.Tensor)) or out is x:
+        return False
+    same = (storage_key(out) == storage_key(x) and out.shape == x.shape
+            and out.stride() == x.stride() and out.storage_offset() == x.storage_offset())
+    if same:
+        return False
+    how = ("a view with other geometry of its storage" if storage_key(out) == storage_key(x)
+           else "a new tensor holding its final values")
+    sink.finding(
+        NAME, f"the in-place kernel declared mutates={{{arg!r}: 'out'}} returns {how}, not "
+        f"{arg} itself.", argument="output",
+        details=f"Code like `y = kernel_({arg}); y.add_(1)` expects y to be {arg}: a write "
+                f"through the result must reach {arg}.",
+        fix=f"return {arg} (the argument written in place), as torch's in-place ops do.",
+    )
+    return True
+
+
+def _declared(ex: Any, path: str) -> Any:
+    """What ``aliases=`` says about the output at ``path``: an argument name, False (a new
+    tensor), or None (undeclared: the reference decides)."""
+    for loc, arg in ex.spec.aliases.items():
+        prefix = "" if loc == "out" else f"[{loc!r}]"
+        if path.startswith(prefix):
+            return arg if arg is not None else False
+    return None
+
+
+def _groups_of(template: Any, arg: Any) -> set[int]:
+    if not arg:
+        return set()
+    return {s.group for s in template.slots if s.path.split("[")[0] == arg}
+
+
+def _names(template: Any, groups: set[int]) -> str:
+    return ", ".join(sorted({template.slots[j].path for g in groups
+                             for j in template.groups[g].slots}))
+
+
+def _element_bytes(t: torch.Tensor) -> torch.Tensor:
+    """Byte offsets, in its storage, of every byte of ``t``'s elements (sorted, unique)."""
+    off = torch.tensor([t.storage_offset()], dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        off = (off[:, None] + torch.arange(size, dtype=torch.int64)[None, :] * stride).flatten()
+    size = t.element_size()
+    return torch.unique(off[:, None] * size + torch.arange(size)[None, :])
+
+
+def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do ``a`` and ``b`` share at least one element of memory?"""
+    if storage_key(a) is None or storage_key(a) != storage_key(b):
+        return False
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    ea, eb = _element_bytes(a), _element_bytes(b)
+    if ea[-1] < eb[0] or eb[-1] < ea[0]:
+        return False
+    return bool(torch.isin(ea, eb).any())
+
+
+def _outputs_overlapping(sink: Sink, impl_leaves: list[tuple[str, torch.Tensor]],
+                         impl_groups: dict[Any, int], ref_by_path: dict[str, Any]) -> None:
+    """Outputs sharing elements of memory where the reference's do not."""
+    fresh = [(p, t) for p, t in impl_leaves if storage_key(t) not in impl_groups]
+    for k, (path, t) in enumerate(fresh):
+        for other, u in fresh[:k]:
+            if storage_key(t) != storage_key(u) or not overlap(t, u):
+                continue
+            r, q = ref_by_path.get(path), ref_by_path.get(other)
+            if isinstance(r, torch.Tensor) and isinstance(q, torch.Tensor) and overlap(r, q):
+                continue
+            sink.finding(NAME, f"output{path} and output{other} overlap in memory, but the "
                          "reference's do not.", argument=f"output{path}",
+                         details="A write through one output changes the other (disjoint "
+                                 "views of one buffer, e.g. chunk(), would be fine).",
                          fix="return separate tensors (e.g. .clone() one of them).")
+            return
 
 
 def _allowed_groups(ex: Any, path: str) -> set[int]:

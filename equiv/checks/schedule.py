@@ -8,6 +8,9 @@ Built-in schedules, where they apply:
 - ``mutate-output-after-forward``: forward, write in place to each output, backward.
 - ``step-between-losses``: forward, backward of a first loss, an SGD step on the spec's
   ``parameters=``, backward of a second loss through the same graph.
+- ``interleaved-forwards``: forward A (the example), forward B (other values: every storage
+  reversed), backward A, backward B; each must match the reference at its own forward's values
+  and must not raise (state stashed on the Function class or module instead of ``ctx`` fails).
 
 Acceptable outcomes: autograd raises (its in-place/version error), or every gradient equals the
 reference's at the values the forward saw. Silent divergence is a finding. A user's
@@ -42,6 +45,8 @@ def builtin_schedules(plan: Script) -> list[Schedule]:
     if plan.spec.parameters:
         out.append(Schedule(("forward", "backward", "step", "backward"),
                             name="step-between-losses"))
+    out.append(Schedule(("forward", "forward", "backward 1", "backward 2"),
+                        name="interleaved-forwards", expect="match"))
     return out
 
 
@@ -64,9 +69,9 @@ def run(ex: Execution, sink: Sink) -> None:
 
 def _run_one(ex: Execution, sink: Sink, plan: Script, schedule: Schedule, *,
              user: bool) -> None:
-    count = schedule.steps.count("backward")
+    count = sum(step.startswith("backward") for step in schedule.steps)
     cots = plan.cotangents(count)
-    expected = plan.reference_grads(cots)
+    expected = plan.reference_grads(cots, schedule)
     if expected is None:
         return
     result = plan.execute(schedule, ex.spec.impl, cots)

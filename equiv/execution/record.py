@@ -10,14 +10,15 @@ import torch
 
 from equiv._compat import tree_flatten
 from equiv._settings import settings as Settings
-from equiv.compare import Mismatch, compare_leaf
+from equiv.compare import Mismatch, compare_leaf, compare_trees
 from equiv.errors import InvalidArgument
 from equiv.examples import Args, Side, Template
 from equiv.execution.calls import brief, call, cast_like, cotangent, detached_clone, is_diff
 from equiv.execution.calls import leaves as leaves_of
 from equiv.execution.calls import vjp
 from equiv.execution.graph import function_nodes
-from equiv.memory import measure
+from equiv.memory import measure, retained
+from equiv.modes import normalise_error
 from equiv.report import Finding
 from equiv.spec import Spec
 
@@ -313,6 +314,78 @@ class Execution:
         device = None if self.device == "cpu" else self.device
         return measure(fn, self.template.instantiate(device=device), self.cot_seed)
 
+    # -- contract runs: errors, the no-grad path, state across calls --------------------------
+    #: set by the runner's pipeline: this example was drawn from ``error_inputs=``
+    error_input = False
+
+    def expected_error(self) -> bool:
+        """Both sides raised, on an ``error_inputs=`` example or with the declared ``raises=``
+        error (then the example is a checked pass, not invalid input)."""
+        r, i, spec = self.ref_exc, self.impl_exc, self.spec
+        if r is None or i is None:
+            return False
+        if self.error_input:
+            return True
+        return spec.raises is not None and isinstance(r, spec.raises) and isinstance(
+            i, spec.raises)
+
+    def no_grad_run(self, how: str) -> "ContractRun":
+        """The implementation on a fresh copy with no input requiring grad (``how="inputs"``),
+        or under ``torch.no_grad()`` (``how="no_grad"``)."""
+        side = self.side(grad=how != "inputs")
+        before = side.versions()
+        try:
+            if how == "no_grad":
+                with torch.no_grad():
+                    result = side.call(self.impl_fn)
+            else:
+                result = side.call(self.impl_fn)
+            return ContractRun(side, result, None, before)
+        except Exception as e:  # the user's code raised: evidence, never a crash of equiv
+            return ContractRun(side, None, normalise_error(e), before)
+
+    def retained(self, which: str) -> Any:
+        """Bytes one side's forward graph keeps alive on a fresh copy, without the peak tracker
+        (:func:`equiv.memory.retained`), or None when it raised."""
+        fn = self.spec.impl if which == "impl" else self.spec.ref
+        return retained(fn, self.side())
+
+    def call_again_after_update(self) -> tuple["ContractRun", Any] | None:
+        """Call the implementation, write new values into the same tensors in place (``copy_``
+        under ``torch.no_grad()``, as an optimizer step does), call it again: (the second run,
+        the reference's result on the new values); None when a side raised on either call."""
+        new_ref = self.side(shuffled=True)
+        ref_result, ref_exc = self.call("ref", new_ref)
+        if ref_exc is not None:
+            return None
+        side = self.side()
+        _, exc = self.call("impl", side)
+        if exc is not None:
+            return None
+        new = self.side(shuffled=True, grad=False)
+        try:
+            with torch.no_grad():
+                for t, v in zip(side.tensors, new.tensors):
+                    t.copy_(v)
+        except RuntimeError:  # an expanded (self-overlapping) argument cannot be written
+            return None
+        before = side.versions()
+        result, exc = self.call("impl", side)
+        if exc is not None:
+            return None
+        return ContractRun(side, result, None, before), ref_result
+
+
+@dataclasses.dataclass
+class ContractRun:
+    """One more call of the implementation: its side, result or error, and the versions of
+    the side's tensors just before the call."""
+
+    side: Side
+    result: Any
+    exc: BaseException | None
+    versions: list[int]
+
 
 def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
             place: Placement) -> Execution:
@@ -400,4 +473,38 @@ def cotangent_written(ex: Execution, b: Backward, n: int) -> list[tuple[str, str
                         f"{name} in place.", m,
                         "do not write into grad_output in backward; use out-of-place ops "
                         "(grad_output * x, not grad_output.mul_(x))."))
+    return out
+
+
+def judge_run(ex: Execution, run: ContractRun, expected: Any, finals: dict[str, Any], *,
+              shuffled: bool = False) -> list[tuple[str, Mismatch]]:
+    """(what, mismatch) for each returned output of ``run`` that differs from ``expected`` and
+    each argument that does not hold what it must after the call: ``finals`` for mutated
+    arguments, the example's values (``shuffled``: the reversed ones) for the others."""
+    spec, template = ex.spec, ex.template
+    out: list[tuple[str, Mismatch]] = []
+    if not (run.result is None and ex.consumed):
+        out += [("output", m) for m in compare_trees(run.result, cast_like(expected, run.result),
+                                                     rtol=spec.rtol, atol=spec.atol)]
+    target = template.instantiate(grad=False, device=ex.device, shuffled=shuffled)
+    with torch.no_grad():
+        for arg, final in finals.items():
+            for t, f in zip(tree_flatten(target.argument(arg))[0], tree_flatten(final)[0]):
+                if isinstance(t, torch.Tensor) and isinstance(f, torch.Tensor):
+                    try:
+                        t.copy_(f.detach().to(device=t.device, dtype=t.dtype))
+                    except RuntimeError:  # an expanded argument: not comparable here
+                        pass
+    after = run.side.versions()
+    for j, slot in enumerate(template.slots):
+        mutated = template.groups[slot.group].mutated
+        actual, want = run.side.tensors[j].detach(), target.tensors[j]
+        m = compare_leaf(actual, want, rtol=spec.rtol if mutated else 0,
+                         atol=spec.atol if mutated else 0, path=slot.path, exact=not mutated)
+        if m is not None:
+            out.append(("final value of mutated argument" if mutated else
+                        "undeclared write to argument", m))
+        elif not mutated and after[j] != run.versions[j]:
+            out.append(("undeclared write to argument", Mismatch(
+                slot.path, f"version counter {run.versions[j]} -> {after[j]}")))
     return out

@@ -43,6 +43,7 @@ class Script:
         spec = self.spec = ex.spec
         self.device = None if ex.device == "cpu" else ex.device
         self.ref_side = template.instantiate(device=self.device)
+        self._ref_cache: dict[str, Any] = {}
         ref_out, err = call(spec.ref, self.ref_side)
         self.ok = err is None
         if not self.ok:
@@ -61,16 +62,34 @@ class Script:
         gen = torch.Generator().manual_seed(self.ex.cot_seed + 7919)
         return [[cotangent(r, gen) for _, _, r in self.pairs] for _ in range(count)]
 
-    def reference_grads(self, cots: list[list[torch.Tensor]]) -> list[list[torch.Tensor]] | None:
-        outs = [r for _, _, r in self.pairs]
-        leaves = [self.ref_side.leaves[g.index] for g in self.groups]
+    def reference_grads(self, cots: list[list[torch.Tensor]],
+                        schedule: Schedule | None = None) -> list[list[torch.Tensor]] | None:
+        """The reference's gradients for each backward (through the forward it names)."""
+        through = backward_forwards(schedule) if schedule is not None else [1] * len(cots)
         result = []
-        for c in cots:
-            grads, err = vjp(outs, leaves, c)
+        for c, k in zip(cots, through):
+            ref = self._ref_forward(k)
+            if ref is None:
+                return None
+            grads, err = vjp(ref[0], ref[1], c)
             if err is not None:
                 return None
             result.append(grads)
         return result
+
+    def _ref_forward(self, k: int) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """The reference's differentiated outputs and leaves for forward #``k`` (odd: the
+        example's values, even: every storage reversed)."""
+        if k % 2:
+            return ([r for _, _, r in self.pairs],
+                    [self.ref_side.leaves[g.index] for g in self.groups])
+        if "even" not in self._ref_cache:
+            side = self.template.instantiate(device=self.device, shuffled=True)
+            out, err = call(self.spec.ref, side)
+            outs = None if err is not None else self._outputs(side, out, is_ref=True)
+            self._ref_cache["even"] = None if outs is None else (
+                outs, [side.leaves[g.index] for g in self.groups])
+        return self._ref_cache["even"]
 
     def execute(self, schedule: Schedule, fn: Any, cots: list[list[torch.Tensor]],
                 recorder: Recorder | None = None) -> ScriptResult:
@@ -104,26 +123,26 @@ class Script:
                cots: list[list[torch.Tensor]], result: ScriptResult,
                recorder: Recorder | None) -> None:
         try:
-            out, err = call(fn, side)
-            if err is not None:
-                result.forward_error = err
+            forwards: list[tuple[Side, list[torch.Tensor], list[torch.Tensor]]] = []
+            if not self._forward(fn, side, leaves, forwards, result, recorder):
                 return
-            outs = self._outputs(side, out, is_ref=fn is self.spec.ref)
-            if outs is None:
-                result.forward_error = RuntimeError("outputs do not match the reference's")
-                return
-            if recorder is not None:
-                for (name, _, _), o in zip(self.pairs, outs):
-                    recorder.name(o, name)
-                recorder.after_forward(outs)
             n_back = 0
             for step in schedule.steps[1:]:
+                side, leaves, outs = forwards[-1]
                 try:
-                    if step.startswith("write"):
+                    if step == "forward":
+                        new = self.template.instantiate(device=self.device,
+                                                        shuffled=len(forwards) % 2 == 1)
+                        new_leaves = [new.leaves[g.index] for g in self.groups]
+                        if not self._forward(fn, new, new_leaves, forwards, result, recorder):
+                            return
+                    elif step.startswith("write"):
                         if recorder is not None:
                             recorder.phase("after forward")
                         self._write(step[6:], side, outs)
-                    elif step == "backward":
+                    elif step.startswith("backward"):
+                        if step != "backward":
+                            _, leaves, outs = forwards[int(step[9:]) - 1]
                         if recorder is not None:
                             recorder.phase(f"backward #{n_back + 1}")
                         given = [c.clone() for c in cots[n_back]]
@@ -146,6 +165,25 @@ class Script:
         finally:
             if recorder is not None:
                 recorder.phase("release")
+
+    def _forward(self, fn: Any, side: Side, leaves: list[torch.Tensor],
+                 forwards: list[Any], result: ScriptResult, recorder: Recorder | None) -> bool:
+        """One forward of a schedule, appended to ``forwards``; False when it raised."""
+        out, err = call(fn, side)
+        if err is not None:
+            result.forward_error = err
+            return False
+        outs = self._outputs(side, out, is_ref=fn is self.spec.ref)
+        if outs is None:
+            result.forward_error = RuntimeError("outputs do not match the reference's")
+            return False
+        if recorder is not None:
+            n = f" (forward #{len(forwards) + 1})" if forwards else ""
+            for (name, _, _), o in zip(self.pairs, outs):
+                recorder.name(o, name + n)
+            recorder.after_forward(outs)
+        forwards.append((side, leaves, outs))
+        return True
 
     def _outputs(self, side: Side, out: Any, *, is_ref: bool
                  ) -> list[torch.Tensor] | None:
@@ -206,6 +244,18 @@ class Script:
         opt.step()
         for leaf, _ in chosen:
             leaf.grad = None
+
+
+def backward_forwards(schedule: Schedule) -> list[int]:
+    """For each backward step of ``schedule``, the (1-based) forward it goes through."""
+    out, forwards = [], 0
+    for step in schedule.steps:
+        forwards += step == "forward"
+        if step == "backward":
+            out.append(forwards)
+        elif step.startswith("backward "):
+            out.append(int(step[9:]))
+    return out
 
 
 def replay(ex: Execution, schedule: Schedule, fn: Any, cots: list[list[torch.Tensor]],

@@ -1,0 +1,70 @@
+"""``no-grad``: the forward contract on the inference path. Kernels often take a fast path when
+no input requires grad, or under ``torch.no_grad()``; every other check calls them with inputs
+requiring grad under ``enable_grad``. Here the implementation runs twice more on fresh copies —
+with no input requiring grad, and under ``torch.no_grad()`` — and its outputs, its writes to the
+arguments and the storage its outputs share with inputs must be what the reference and the
+graded call say. It runs on every clean example (valid, nothing found so far: two more forwards of
+the implementation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from equiv.execution.calls import format_tb, leaves, storage_key
+from equiv.execution.record import Execution, Sink, judge_run
+
+NAME = "no-grad"
+
+_HOW = {"inputs": "with no input requiring grad", "no_grad": "under torch.no_grad()"}
+
+
+def run(ex: Execution, sink: Sink) -> None:
+    for how, words in _HOW.items():
+        r = ex.no_grad_run(how)
+        if r.exc is not None:
+            sink.finding(NAME, f"the implementation raised {type(r.exc).__name__} {words}, "
+                         "where it returns with inputs requiring grad.",
+                         details=f"{type(r.exc).__name__}: {str(r.exc)[:400]}",
+                         tb=format_tb(r.exc))
+            return
+        for what, m in judge_run(ex, r, ex.expected, ex.finals):
+            where = m.path if what == "output" else f"{what} {m.path!r}"
+            sink.finding(NAME, f"{where} {words} differs from the reference.",
+                         argument=m.path, mismatch=m,
+                         likely_cause="the implementation takes another code path when no "
+                                      "gradient is needed (an inference fast path), and that "
+                                      "path is wrong.")
+            return
+        if _aliasing_differs(ex, r, sink, words):
+            return
+
+
+def _shares(side: Any, result: Any, template: Any) -> dict[str, set[str]]:
+    """Output path -> the arguments whose storage it shares."""
+    by_key = {}
+    for slot, t in zip(template.slots, side.tensors):
+        key = storage_key(t)
+        if key is not None:
+            by_key.setdefault(key, set()).add(slot.path.split("[")[0])
+    return {p: by_key.get(storage_key(t), set()) for p, t in leaves(result)
+            if isinstance(t, torch.Tensor)}
+
+
+def _aliasing_differs(ex: Execution, r: Any, sink: Sink, words: str) -> bool:
+    graded = _shares(ex.impl_side, ex.impl_result, ex.template)
+    now = _shares(r.side, r.result, ex.template)
+    for path, args in now.items():
+        if graded.get(path, set()) == args:
+            continue
+        was = ", ".join(sorted(graded.get(path, set()))) or "no input"
+        got = ", ".join(sorted(args)) or "no input"
+        sink.finding(NAME, f"output{path} {words} shares storage with {got}; with gradients it "
+                     f"shares storage with {was}.", argument=f"output{path}",
+                     details="A view on one path and a copy on the other: callers that write "
+                             "through the result (or rely on it being new) break on one path.",
+                     fix="return the same kind of tensor (a view of the same input, or a new "
+                         "tensor) whether or not gradients are needed.")
+        return True
+    return False

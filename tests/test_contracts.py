@@ -1,0 +1,395 @@
+"""Contracts both ways: views required and returned arguments (aliasing), errors with their
+messages and side effects (error-parity, error_inputs=), the no-grad path, state across calls
+(interleaved forwards, caches keyed by identity) and the default memory bound. Each buggy
+implementation is caught (class, check, key lines); each correct, tricky twin passes."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+import torch
+
+import equiv
+from equiv import Schedule, equivalent_to
+from equiv.strategies import tensors
+from tests.conftest import FAST
+
+
+def one(shape=(3, 4)):
+    return st.tuples(tensors(shape=shape, dtype=torch.float64, requires_grad=True))
+
+
+def failure(impl, expected, check, **kw):
+    with pytest.raises(expected) as info:
+        equiv.check(impl, settings=kw.pop("settings", FAST), **kw)
+    findings = [f for f in info.value.report.findings if f.check == check]
+    assert findings, info.value.report.render()
+    return findings[0]
+
+
+def passes(impl, **kw):
+    report = equiv.check(impl, settings=kw.pop("settings", FAST), raise_on_failure=False, **kw)
+    assert report.ok, report.render()
+    return report
+
+
+# --------------------------------------------------------------------------- 1. views both ways
+def test_a_copy_where_the_reference_returns_a_view_is_caught():
+    @equivalent_to(lambda x: x.t(), inputs=one())
+    def t_copy(x):
+        return x.t().contiguous()
+
+    f = failure(t_copy, equiv.AliasingMismatch, "aliasing")
+    assert "output is a new tensor, but the reference returns a view of input x" in f.headline
+    assert "write goes nowhere" in f.details
+
+
+def test_a_view_where_the_reference_returns_a_view_passes():
+    @equivalent_to(lambda x: x.t(), inputs=one())
+    def t_view(x):
+        return x.transpose(0, 1)
+
+    passes(t_view)
+
+
+def test_aliases_declares_a_copy_or_a_view_explicitly():
+    @equivalent_to(lambda x: x[1:], inputs=one(), aliases={"out": None})
+    def tail_copy(x):
+        return x[1:].clone()
+
+    passes(tail_copy)
+
+    @equivalent_to(lambda x: x.reshape(-1) * 1, inputs=one(), aliases={"out": "x"})
+    def flat_copy(x):
+        return x.reshape(-1).clone()
+
+    f = failure(flat_copy, equiv.AliasingMismatch, "aliasing")
+    assert "aliases= declares output a view of x" in f.headline
+
+
+def test_an_inplace_kernel_returning_a_temporary_is_caught():
+    @equivalent_to(torch.relu, mutates={"x": "out"}, inputs=one())
+    def relu_tmp_(x):
+        out = torch.relu(x)
+        x.copy_(out)
+        return out
+
+    f = failure(relu_tmp_, equiv.AliasingMismatch, "aliasing")
+    assert "returns a new tensor holding its final values, not x itself" in f.headline
+    assert "y = kernel_(x); y.add_(1)" in f.details
+
+
+def test_an_inplace_kernel_returning_its_argument_passes():
+    @equivalent_to(torch.relu, mutates={"x": "out"}, inputs=one())
+    def relu_(x):
+        return x.relu_()
+
+    passes(relu_)
+
+
+def _qkv_inputs():
+    return st.tuples(tensors(shape=(2, 4), dtype=torch.float64, requires_grad=True),
+                     tensors(shape=(4, 12), dtype=torch.float64, requires_grad=True, salt=1))
+
+
+def test_fused_qkv_disjoint_chunk_views_pass():
+    def qkv_ref(x, w):
+        return x @ w[:, :4], x @ w[:, 4:8], x @ w[:, 8:]
+
+    @equivalent_to(qkv_ref, inputs=_qkv_inputs())
+    def qkv_fused(x, w):
+        return (x @ w).chunk(3, dim=-1)  # three views of one buffer, disjoint elements
+
+    passes(qkv_fused)
+
+
+# --------------------------------------------------------------------------- 2. errors
+def _index_inputs():
+    return st.tuples(tensors(shape=(5, 3), dtype=torch.float64, requires_grad=True),
+                     st.lists(st.integers(0, 6), min_size=3, max_size=3).map(torch.tensor),
+                     tensors(shape=(3, 3), dtype=torch.float64, requires_grad=True, salt=1))
+
+
+def index_add_ref(x, idx, src):
+    if bool((idx >= x.shape[0]).any()):
+        raise IndexError("index out of range")
+    return x.index_add(0, idx, src)
+
+
+def test_a_partial_write_before_raising_is_caught():
+    @equivalent_to(index_add_ref, mutates={"x": "out"}, inputs=_index_inputs())
+    def index_add_rows_(x, idx, src):
+        for i, j in enumerate(idx.tolist()):
+            if j >= x.shape[0]:
+                raise IndexError("index out of range")
+            x[j] += src[i]  # rows before the bad index are already written
+        return x
+
+    f = failure(index_add_rows_, equiv.ErrorMismatch, "error-parity")
+    assert "both sides raised IndexError, but the implementation wrote into x before " \
+           "raising; the reference left it unchanged" in f.headline
+    assert "validate the inputs" in f.fix
+
+
+def test_a_reference_validated_error_with_no_partial_write_passes():
+    @equivalent_to(index_add_ref, mutates={"x": "out"}, inputs=_index_inputs())
+    def index_add_checked_(x, idx, src):
+        if bool((idx >= x.shape[0]).any()):
+            raise IndexError("index out of range")
+        for i, j in enumerate(idx.tolist()):
+            x[j] += src[i]
+        return x
+
+    report = passes(index_add_checked_)
+    assert report.invalid_examples > 0  # incidental errors stay invalid input
+
+
+def checked_log_ref(x):
+    if bool((x <= 0).any()):
+        raise ValueError(f"log of a non-positive value: {x.min().item():.3g}")
+    return x.log()
+
+
+_POSITIVE = st.tuples(tensors(shape=(4,), dtype=torch.float64, requires_grad=True)).map(
+    lambda a: ((a[0].detach().abs() + 0.5).requires_grad_(),))
+_NEGATIVE = st.tuples(tensors(shape=(4,), dtype=torch.float64)).map(
+    lambda a: (-(a[0].abs() + 0.5),))
+
+
+def test_error_inputs_with_a_wrong_message_are_caught():
+    @equivalent_to(checked_log_ref, inputs=_POSITIVE, error_inputs=_NEGATIVE, raises=ValueError,
+                   match="non-positive")
+    def log_bad_message(x):
+        if bool((x <= 0).any()):
+            raise ValueError("bad input")
+        return x.log()
+
+    f = failure(log_bad_message, equiv.ErrorMismatch, "error-parity")
+    assert "the implementation's ValueError message does not match match='non-positive'" \
+        in f.headline
+
+
+def test_error_inputs_without_match_use_the_reference_message_as_prefix():
+    @equivalent_to(checked_log_ref, inputs=_POSITIVE, error_inputs=_NEGATIVE)
+    def log_other_message(x):
+        if bool((x <= 0).any()):
+            raise ValueError("invalid")
+        return x.log()
+
+    f = failure(log_other_message, equiv.ErrorMismatch, "error-parity")
+    assert "message does not start with the reference's" in f.headline
+
+    @equivalent_to(checked_log_ref, inputs=_POSITIVE, error_inputs=_NEGATIVE)
+    def log_same_message(x):
+        if bool((x <= 0).any()):
+            raise ValueError(f"log of a non-positive value: {x.min().item():.3g}")
+        return x.log()
+
+    passes(log_same_message)
+
+
+def test_error_inputs_the_implementation_accepts_are_caught():
+    @equivalent_to(checked_log_ref, inputs=_POSITIVE, error_inputs=_NEGATIVE, raises=ValueError)
+    def log_lenient(x):
+        return x.abs().log()
+
+    f = failure(log_lenient, equiv.ErrorMismatch, "error-parity")
+    assert "the reference raised ValueError but the implementation returned normally" \
+        in f.headline
+
+
+def test_a_spec_that_declares_its_reference_always_raises_passes():
+    def refuses(x):
+        raise ValueError("never valid")
+
+    @equivalent_to(refuses, inputs=one(), raises=ValueError, match="never")
+    def refuses_too(x):
+        raise ValueError("never valid here either")
+
+    report = passes(refuses_too)
+    assert report.invalid_examples == 0
+
+
+def test_contract_options_are_validated():
+    with pytest.raises(equiv.InvalidArgument, match="aliases"):
+        equivalent_to(torch.sin, aliases={"out": "nope"})(lambda x: x)
+    with pytest.raises(equiv.InvalidArgument, match="raises"):
+        equivalent_to(torch.sin, raises="ValueError")(lambda x: x)
+    with pytest.raises(equiv.InvalidArgument, match="match"):
+        equivalent_to(torch.sin, match="(")(lambda x: x)
+    with pytest.raises(equiv.InvalidArgument, match="error_inputs"):
+        equivalent_to(torch.sin, error_inputs=[1])(lambda x: x)
+
+
+# --------------------------------------------------------------------------- 3. no-grad path
+def test_a_wrong_inference_fast_path_is_caught():
+    @equivalent_to(torch.tanh, inputs=one())
+    def tanh_fast(x):
+        if not torch.is_grad_enabled() or not x.requires_grad:
+            return x.clamp(-1, 1)  # a "fast path" that is not tanh
+        return torch.tanh(x)
+
+    f = failure(tanh_fast, equiv.OutputMismatch, "no-grad")
+    assert "output with no input requiring grad differs from the reference." in f.headline
+    assert "inference fast path" in f.likely_cause
+
+
+def test_an_inference_path_returning_its_input_is_caught():
+    @equivalent_to(lambda x: x * 1, inputs=one())
+    def ident(x):
+        return x if not torch.is_grad_enabled() else x * 1
+
+    f = failure(ident, equiv.OutputMismatch, "no-grad")
+    assert "under torch.no_grad() shares storage with x; with gradients it shares storage " \
+           "with no input" in f.headline
+
+
+def test_a_correct_inference_fast_path_passes():
+    @equivalent_to(torch.tanh, inputs=one())
+    def tanh_fast_ok(x):
+        if not torch.is_grad_enabled() or not x.requires_grad:
+            return (2 * x).sigmoid() * 2 - 1  # tanh by another formula
+        return torch.tanh(x)
+
+    passes(tanh_fast_ok)
+
+
+# --------------------------------------------------------------------------- 4. state across calls
+class StashOnClass(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        StashOnClass.saved = x.detach().clone()  # shared by every call: the classic bug
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * StashOnClass.saved.cos()
+
+
+class KeepOnCtx(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x.cos()
+
+
+def test_interleaved_forwards_catch_state_stashed_on_the_class():
+    equivalent_to(torch.sin, inputs=one())(StashOnClass)
+    f = failure(StashOnClass, equiv.ScheduleMismatch, "schedule")
+    assert "schedule 'interleaved-forwards': gradient w.r.t. 'x' on backward #1 differs" \
+        in f.headline
+    assert "schedule: forward -> forward -> backward 1 -> backward 2" in f.details
+
+
+def test_interleaved_forwards_pass_a_function_keeping_everything_on_ctx():
+    equivalent_to(torch.sin, inputs=one())(KeepOnCtx)
+    passes(KeepOnCtx)
+
+
+def test_schedule_grammar_takes_several_forwards():
+    s = Schedule(("forward", "forward", "backward 1", "backward 2"))
+    assert s.name == "forward -> forward -> backward 1 -> backward 2"
+    Schedule(("forward", "write x", "backward"))  # the one-forward grammar still works
+    with pytest.raises(equiv.InvalidArgument, match="comes before forward #2"):
+        Schedule(("forward", "backward 2", "forward"))
+    with pytest.raises(equiv.InvalidArgument, match="must start with 'forward'"):
+        Schedule(("backward",))
+
+
+def test_a_user_schedule_with_several_forwards_runs():
+    @equivalent_to(torch.sin, inputs=one(), schedules=[
+        Schedule(("forward", "forward", "backward 2", "backward 1", "backward"),
+                 expect="match")])
+    def sin_fn(x):
+        return StashOnClass.apply(x)
+
+    f = failure(sin_fn, equiv.ScheduleMismatch, "schedule")
+    assert "interleaved-forwards" in f.headline or "backward 2 -> backward 1" in f.headline
+
+
+def _scaled_ref(x, w):
+    return x * w.softmax(0)
+
+
+def _xw():
+    return st.tuples(tensors(shape=(4,), dtype=torch.float64, requires_grad=True),
+                     tensors(shape=(4,), dtype=torch.float64, requires_grad=True, salt=1))
+
+
+def test_a_cache_keyed_by_tensor_identity_is_caught():
+    @equivalent_to(_scaled_ref, inputs=_xw())
+    def scaled_cached(x, w):
+        cached = getattr(w, "_softmax_cache", None)  # kept on the tensor: blind to updates
+        if cached is None:
+            cached = w._softmax_cache = w.softmax(0)
+        return x * cached
+
+    f = failure(scaled_cached, equiv.OutputMismatch, "state-across-calls")
+    assert "of a second call, after the same tensors were updated in place, differs from the " \
+           "reference on the new values." in f.headline
+    assert "keyed by tensor identity" in f.likely_cause
+
+
+def test_a_cache_keyed_by_version_passes():
+    cache: dict = {}
+
+    @equivalent_to(_scaled_ref, inputs=_xw())
+    def scaled_versioned(x, w):
+        key = (id(w), w._version)
+        if cache.get("key") != key or cache.get("w") is not w:
+            cache.update(key=key, w=w, value=w.softmax(0))
+        return x * cache["value"]
+
+    passes(scaled_versioned)
+
+
+# --------------------------------------------------------------------------- 5. default memory bound
+class SavesWorkspaceView(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        buf = torch.empty(1 << 19, dtype=x.dtype)  # a 4 MiB workspace
+        buf[: x.numel()] = x.detach().flatten()
+        ctx.save_for_backward(buf[: x.numel()].view(x.shape))  # keeps all of buf alive
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x.cos()
+
+
+class SavesCompactCopy(SavesWorkspaceView):
+    @staticmethod
+    def forward(ctx, x):
+        buf = torch.empty(1 << 19, dtype=x.dtype)
+        buf[: x.numel()] = x.detach().flatten()
+        ctx.save_for_backward(buf[: x.numel()].view(x.shape).clone())
+        return x.sin()
+
+
+_MEM = equiv.settings(FAST, max_examples=30)
+
+
+def test_a_saved_view_of_a_huge_workspace_is_caught_by_default():
+    equivalent_to(torch.sin, inputs=one())(SavesWorkspaceView)
+    f = failure(SavesWorkspaceView, equiv.MemoryMismatch, "memory", settings=_MEM)
+    assert "the graph keeps 4,194,304 B alive after forward" in f.headline
+    assert "saved view keeps 4,194,304 bytes of storage alive" in f.details
+    assert any("keeps 4,194,304 B of storage alive" in line
+               for line in equiv.timeline.render(f.timeline).splitlines())
+
+
+def test_a_compact_copy_and_a_declared_contract_pass():
+    equivalent_to(torch.sin, inputs=one())(SavesCompactCopy)
+    passes(SavesCompactCopy, settings=_MEM)
+
+    @equivalent_to(torch.sin, inputs=one(), max_retained_bytes=8 << 20)
+    def declared(x):
+        return SavesWorkspaceView.apply(x)
+
+    passes(declared, settings=_MEM)
