@@ -354,7 +354,8 @@ class Execution:
         """Call the implementation, write new values into the same tensors in place (``copy_``
         under ``torch.no_grad()``, as an optimizer step does), call it again: (the second run,
         the reference's result on the new values); None when a side raised on either call."""
-        new_ref = self.side(shuffled=True)
+        new_ref = self.template.instantiate(shuffled=True, dtype=self.place.ref_dtype,
+                                            device=self.place.ref_device or self.device)
         ref_result, ref_exc = self.call("ref", new_ref)
         if ref_exc is not None:
             return None
@@ -373,6 +374,8 @@ class Execution:
         result, exc = self.call("impl", side)
         if exc is not None:
             return None
+        if self.place.cross:  # compared at the implementation's dtype and device
+            ref_result = cast_like(ref_result, result)
         return ContractRun(side, result, None, before), ref_result
 
 

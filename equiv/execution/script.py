@@ -42,7 +42,9 @@ class Script:
         self.template: Template = template
         spec = self.spec = ex.spec
         self.device = None if ex.device == "cpu" else ex.device
-        self.ref_side = template.instantiate(device=self.device)
+        # the reference runs where the mode places it (e.g. float64 on CPU)
+        self.ref_place = dict(device=ex.place.ref_device or self.device, dtype=ex.place.ref_dtype)
+        self.ref_side = template.instantiate(**self.ref_place)
         self._ref_cache: dict[str, Any] = {}
         ref_out, err = call(spec.ref, self.ref_side)
         self.ok = err is None
@@ -84,7 +86,7 @@ class Script:
             return ([r for _, _, r in self.pairs],
                     [self.ref_side.leaves[g.index] for g in self.groups])
         if "even" not in self._ref_cache:
-            side = self.template.instantiate(device=self.device, shuffled=True)
+            side = self.template.instantiate(shuffled=True, **self.ref_place)
             out, err = call(self.spec.ref, side)
             outs = None if err is not None else self._outputs(side, out, is_ref=True)
             self._ref_cache["even"] = None if outs is None else (
@@ -145,7 +147,8 @@ class Script:
                             _, leaves, outs = forwards[int(step[9:]) - 1]
                         if recorder is not None:
                             recorder.phase(f"backward #{n_back + 1}")
-                        given = [c.clone() for c in cots[n_back]]
+                        given = [c.to(dtype=o.dtype, device=o.device, copy=True)
+                                 for c, o in zip(cots[n_back], outs)]
                         if recorder is not None:
                             for (name, _, _), c in zip(self.pairs, given):
                                 recorder.name(c, f"grad_output for {name}")
