@@ -221,9 +221,12 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
             # one dtype and compile-friendly shapes (few ranks, sides >= 2 in buckets) keep
             # recompilations bounded; eager explores the edge-case shapes
             inputs = arguments_for(spec.signature, dtypes_=dtypes[:1],
-                                   shape_strategy=shapes(compile_friendly=True, max_dims=2))
+                                   shape_strategy=shapes(compile_friendly=True, max_dims=2),
+                                   reference=spec.ref, mutated=spec.mutates)
         else:
-            inputs = arguments_for(spec.signature, dtypes_=dtypes)
+            inputs = arguments_for(spec.signature, dtypes_=dtypes, reference=spec.ref,
+                                   mutated=spec.mutates, block_sizes=spec.block_sizes,
+                                   broadcast=mode.kind == "eager")
     strategy = st.tuples(with_variants(inputs, spec.signature, spec.mutates, kinds),
                          st.integers(0, 2**31 - 1))
 

@@ -37,6 +37,8 @@ class Spec:
     parameters: tuple[str, ...] = ()
     max_memory_ratio: float | None = None
     max_retained_bytes: int | None = None
+    #: block sizes that derived inputs straddle (lengths k*b-1, k*b, k*b+1 along one dim)
+    block_sizes: tuple[int, ...] = ()
 
     @property
     def implementation(self) -> str:
@@ -88,6 +90,7 @@ def equivalent_to(
     parameters: Sequence[str] = (),
     max_memory_ratio: float | None = None,
     max_retained_bytes: int | None = None,
+    block_sizes: Sequence[int] = (),
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
 
@@ -102,6 +105,8 @@ def equivalent_to(
     built-in hazardous schedules; ``parameters`` names the arguments an optimizer steps.
     ``max_memory_ratio`` (implementation peak / reference peak) and ``max_retained_bytes`` (bytes
     the graph keeps alive after forward) make a memory contract.
+    ``block_sizes`` (e.g. ``(64,)``) steers derived inputs toward lengths ``k*b - 1, k*b,
+    k*b + 1`` along one dim, for kernels that tile by ``b``.
     Returns the implementation unchanged, with ``__equiv_spec__`` attached.
     """
     if not callable(ref):
@@ -122,6 +127,8 @@ def equivalent_to(
             f"equivalent_to(settings=...) takes an equiv.settings object, got "
             f"{type(settings).__name__}."
         )
+
+    blocks = _validate_block_sizes(block_sizes)
 
     def decorate(impl: F) -> F:
         if not callable(impl):
@@ -152,7 +159,7 @@ def equivalent_to(
             derived_inputs=derived, variants=kinds,
             schedules=scheds, parameters=params,
             max_memory_ratio=None if max_memory_ratio is None else float(max_memory_ratio),
-            max_retained_bytes=max_retained_bytes,
+            max_retained_bytes=max_retained_bytes, block_sizes=blocks,
         )
         try:
             impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
@@ -165,6 +172,20 @@ def equivalent_to(
         return impl
 
     return decorate
+
+
+def _validate_block_sizes(value: Any) -> tuple[int, ...]:
+    try:
+        blocks = tuple(value)
+    except TypeError:
+        blocks = None
+    if blocks is None or not all(isinstance(b, int) and not isinstance(b, bool)
+                                 and 2 <= b <= 2048 for b in blocks):
+        raise InvalidArgument(
+            f"equivalent_to(block_sizes={value!r:.60}): give a tuple of ints from 2 to 2048, the "
+            "sizes your kernel tiles by, e.g. block_sizes=(64,) or block_sizes=(16, 128)."
+        )
+    return tuple(sorted(set(blocks)))
 
 
 def _callable_target(impl: Any) -> Any:

@@ -11,17 +11,20 @@ contiguous layout, no aliasing, float64 and simple values (distinct small half-i
 from __future__ import annotations
 
 import inspect
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from hypothesis import strategies as st
 
+from . import _derived
 from ._aliasing import ALIAS_PATTERNS, aliased_arguments
+from ._derived import TILE_LENGTHS, tile_lengths
 from ._layouts import LAYOUT_KINDS, Layout, layouts
 
 __all__ = [
-    "ALIAS_PATTERNS", "LAYOUT_KINDS", "SPECIAL_VALUES", "Layout", "aliased_arguments",
-    "arguments_for", "devices", "dtypes", "layouts", "shapes", "tensors",
+    "ALIAS_PATTERNS", "LAYOUT_KINDS", "SPECIAL_VALUES", "TILE_LENGTHS", "Layout",
+    "aliased_arguments", "arguments_for", "devices", "dtypes", "layouts", "shapes", "tensors",
+    "tile_lengths",
 ]
 
 FLOATING = (torch.float64, torch.float32)
@@ -232,12 +235,99 @@ _SCALARS = {
 
 def arguments_for(signature: inspect.Signature, *,
                   dtypes_: Sequence[torch.dtype] = DERIVED_DTYPES,
-                  shape_strategy: st.SearchStrategy | None = None) -> st.SearchStrategy:
+                  shape_strategy: st.SearchStrategy | None = None,
+                  reference: Callable[..., Any] | None = None,
+                  mutated: Iterable[str] = (),
+                  block_sizes: Sequence[int] = (),
+                  hard_cases: bool = True,
+                  broadcast: bool = True) -> st.SearchStrategy:
     """Argument tuples for a signature: every required tensor parameter gets a tensor of one
-    shared drawn shape (``shapes()``: 0-d to 3-D, sides 0-4) and dtype (float32, float64),
-    requiring grad; annotated ``float``/``int``/``bool`` parameters get small
-    scalars; parameters with defaults keep them. Raises ``ValueError`` naming the parameter when
-    a required parameter cannot be derived."""
+    shared drawn shape (``shapes()``: 0-d to 3-D, sides 0-4) and dtype (from ``dtypes_``:
+    float32, float64; complex when listed), requiring grad; annotated ``float``/``int``/``bool``
+    parameters get small scalars; parameters with defaults keep them. Raises ``ValueError``
+    naming the parameter when a required parameter cannot be derived.
+
+    With ``hard_cases`` (the default), some examples reach the cases kernels break on (each a
+    drawn choice that shrinks away): one dim with a length that straddles a tile size
+    (``tile_lengths(block_sizes)``, at most 4096 elements in all); mutually broadcastable
+    shapes when there are several tensor parameters and ``broadcast`` (parameters in
+    ``mutated`` keep the full shape); and exact zeros and ties, kept only where ``reference``
+    (when given) is smooth there. A given ``shape_strategy`` (compile-friendly shapes) turns the
+    shape cases off; zeros and ties stay. Examples with broadcast shapes or planted values carry
+    a description the runner reports as their input variant."""
+    kinds = _parameter_kinds(signature)
+    mutated = frozenset(mutated)
+    lengths = _derived.tile_lengths(tuple(block_sizes))
+    n_tensors = sum(kind == "tensor" for _, kind, _ in kinds)
+    shaped = hard_cases and shape_strategy is None
+
+    @st.composite
+    def build(draw: Any) -> Any:
+        from equiv.examples import Args
+
+        # the dtype is the first choice: Hypothesis varies a test case's first choices most
+        # the first dtype is the shrink target; the others twice as likely as listed once
+        dt = draw(st.sampled_from(tuple(dtypes_[:1]) + tuple(dtypes_[1:]) * 2))
+        shp = draw(shape_strategy if shape_strategy is not None else shapes())
+        plan = (_derived.draw_plan(draw, n_tensors, tile=True, broadcast=broadcast,
+                                   steer=bool(block_sizes)) if shaped else "shared")
+        per_arg = _shapes_for(draw, plan, shp, kinds, mutated, lengths, shaped, broadcast)
+        plant = hard_cases and draw(st.integers(0, 3)) == 3
+        args: list[Any] = []
+        kw: dict[str, Any] = {}
+        planted: dict[int, list[int]] = {}
+        plain: dict[int, torch.Tensor] = {}
+        words: list[str] = []
+        for k, (name, kind, keyword) in enumerate(kinds):
+            if kind == "tensor":
+                value = draw(tensors(shape=per_arg[k], dtype=dt)).detach()
+                before = value.clone() if plant else value
+                spots = _derived.plant(draw, value, plant) if hard_cases else []
+                if spots:
+                    planted[k], plain[k] = [i for i, _ in spots], before
+                    words.append(_plant_words(name, spots))
+                value.requires_grad_(dt.is_floating_point or dt.is_complex)
+            else:
+                value = draw(kind)
+            if keyword:
+                kw[name] = value
+            else:
+                args.append(value)
+        if planted and not _derived.smooth_at(reference, args, kw, planted):
+            _unplant(args, kw, kinds, plain)  # a kink of the reference: keep the plain values
+            words = []
+        out = Args(*args, **kw)
+        if plan == "broadcast":
+            if reference is not None and not _accepts(reference, out):
+                return build_shared(draw, dt, shp)
+            shown = ", ".join(f"{n} {tuple(per_arg[k])}" for k, (n, kind, _) in enumerate(kinds)
+                              if kind == "tensor")
+            words.insert(0, f"broadcast shapes: {shown}")
+        if words:
+            object.__setattr__(out, DERIVED_NOTE, ("; ".join(words), plan == "broadcast"))
+        return out
+
+    def build_shared(draw: Any, dt: torch.dtype, shp: tuple[int, ...]) -> Any:
+        """The plain example: one shared shape (the reference refused broadcast shapes)."""
+        from equiv.examples import Args
+
+        args: list[Any] = []
+        kw: dict[str, Any] = {}
+        for name, kind, keyword in kinds:
+            value = (draw(tensors(shape=shp, dtype=dt, requires_grad=True)) if kind == "tensor"
+                     else draw(kind))
+            (kw.__setitem__(name, value) if keyword else args.append(value))
+        return Args(*args, **kw)
+
+    return build()
+
+
+#: the attribute of a derived example naming what was drawn beyond a plain example:
+#: ``(description, may_raise)``; ``may_raise`` (broadcast shapes) means "must raise or match"
+DERIVED_NOTE = "_equiv_derived_note"
+
+
+def _parameter_kinds(signature: inspect.Signature) -> list[tuple[str, Any, bool]]:
     kinds: list[tuple[str, Any, bool]] = []
     for p in signature.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is not p.empty:
@@ -255,26 +345,52 @@ def arguments_for(signature: inspect.Signature, *,
             )
     if not kinds:
         raise ValueError("it has no required parameters to draw")
+    return kinds
 
-    @st.composite
-    def build(draw: Any) -> Any:
-        from equiv.examples import Args
 
-        # the dtype is the first choice: Hypothesis varies a test case's first choices most
-        # the first dtype is the shrink target; the others twice as likely as listed once
-        dt = draw(st.sampled_from(tuple(dtypes_[:1]) + tuple(dtypes_[1:]) * 2))
-        shp = draw(shape_strategy if shape_strategy is not None else shapes())
-        args: list[Any] = []
-        kw: dict[str, Any] = {}
-        for name, kind, keyword in kinds:
-            if kind == "tensor":
-                value = draw(tensors(shape=shp, dtype=dt, requires_grad=True))
-            else:
-                value = draw(kind)
-            if keyword:
-                kw[name] = value
-            else:
-                args.append(value)
-        return Args(*args, **kw)
+def _shapes_for(draw: Any, plan: str, shp: tuple[int, ...], kinds: list, mutated: frozenset,
+                lengths: Sequence[int], hard: bool, spread_ok: bool) -> dict[int, tuple[int, ...]]:
+    """The shape of each tensor parameter (by position in ``kinds``) under ``plan``. With
+    ``hard``, the tile and broadcast shapes are drawn whatever the plan (same choice sequence
+    length: a failure shrinks from either plan to the shared shape)."""
+    slots = [k for k, (_, kind, _) in enumerate(kinds) if kind == "tensor"]
+    if not hard:
+        return {k: tuple(shp) for k in slots}
+    tiled = _derived.tile_shape(draw, tuple(shp), lengths)
+    spread = (_derived.broadcast_shapes(draw, len(slots), [kinds[k][0] in mutated for k in slots])
+              if spread_ok and len(slots) >= 2 else ())
+    if plan == "broadcast":
+        return dict(zip(slots, spread))
+    return {k: tuple(tiled if plan == "tile" else shp) for k in slots}
 
-    return build()
+
+def _plant_words(name: str, spots: list[tuple[int, str]]) -> str:
+    zeros = [i for i, w in spots if w == "zero"]
+    ties = [i for i, w in spots if w == "tie"]
+    parts = ([f"exact zeros in {name} (flat index {', '.join(map(str, zeros))})"] if zeros
+             else []) + ([f"ties in {name} (flat index {', '.join(map(str, ties))})"] if ties
+                         else [])
+    return "; ".join(parts)
+
+
+def _unplant(args: list, kw: dict, kinds: list, plain: dict[int, torch.Tensor]) -> None:
+    """Put back the values drawn before planting (in place, keeping the tensors)."""
+    pos = 0
+    for k, (name, _, keyword) in enumerate(kinds):
+        if k in plain:
+            t = kw[name] if keyword else args[pos]
+            with torch.no_grad():
+                t.copy_(plain[k])
+        pos += not keyword
+
+
+def _accepts(reference: Callable[..., Any], example: Any) -> bool:
+    """Whether ``reference`` returns (does not raise) on ``example``, without gradients."""
+    try:
+        with torch.no_grad():
+            reference(*[a.detach() if isinstance(a, torch.Tensor) else a for a in example.args],
+                      **{k: v.detach() if isinstance(v, torch.Tensor) else v
+                         for k, v in example.kwargs.items()})
+    except Exception:
+        return False
+    return True
