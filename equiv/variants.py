@@ -44,7 +44,7 @@ DEFAULT_VARIANTS: tuple[str, ...] = ("layouts", "aliasing")
 # Hypothesis already favours it, so its weight is small)
 _CHOICE_WEIGHTS = {"float16": 16, "bfloat16": 9, "none": 1, "transposed": 18, "permuted": 6, "sliced": 8, "window": 4,
                    "channels_last": 3, "expanded": 16, "same": 20,
-                   "overlapping": 30}
+                   "overlapping": 40}
 _ALIAS_CHOICES = ("same", "overlapping")  # "overlapping" includes the row-column views
 _LAYOUT_CHOICES = ("transposed", "sliced", "expanded", "permuted", "window", "channels_last")
 

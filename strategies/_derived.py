@@ -21,13 +21,14 @@ from equiv._compat import tree_flatten
 #: bounded: the other dims shrink to fit)
 TILE_MAX_NUMEL = 4096
 #: lengths drawn along one dim when no ``block_sizes`` are given: 2^k - 1, 2^k + 1 and (half as
-#: often) 2^k for k = 3..11 (7 ... 2049), smallest first (the shrink target)
-TILE_LENGTHS: tuple[int, ...] = tuple(
-    n for k in range(3, 12) for n in (2**k - 1, 2**k + 1, 2**k - 1, 2**k + 1, 2**k))
+#: often) 2^k for k = 1..11 (1 ... 2049), smallest first: a failure that needs no long dim
+#: shrinks to a short one
+TILE_LENGTHS: tuple[int, ...] = tuple(sorted(
+    n for k in range(1, 12) for n in (2**k - 1, 2**k + 1, 2**k - 1, 2**k + 1, 2**k)))
 # how many multiples of each block size are drawn (k*b - 1, k*b, k*b + 1 for k = 1..3)
 _BLOCK_MULTIPLES = 3
 # shape plans: index 0 (one shared small shape) is the shrink target; weights out of the table
-_PLANS = {"shared": 12, "tile": 2, "broadcast": 2}
+_PLANS = {"shared": 12, "tile": 3, "broadcast": 3}
 # the probe's step and the jump (relative to the values' magnitude) that counts as a kink
 _STEP = 1e-5
 _JUMP = 1e-2
