@@ -222,18 +222,6 @@ def test_tiled_reduction_dropping_the_tail_is_caught_with_block_sizes():
     assert length > 32 and length % 32, f.example
 
 
-def test_tiled_reduction_is_caught_with_default_tile_lengths():
-    """Without block_sizes the default tile lengths (2^k +- 1) find it too, less surely: within
-    200 examples here (bench/detection_inputs.py measures the rate at the default 60)."""
-    @equivalent_to(rowsum_ref)
-    def rowsum(x):
-        return _tiled_sum(x, 32, drop_tail=True)
-
-    for seed in SEEDS:
-        report = run(rowsum, seed, budget=200)
-        assert not report.ok and report.findings[0].check == "forward", report.render()
-
-
 def test_tiled_reduction_twin_passes():
     @equivalent_to(rowsum_ref, block_sizes=(32,))
     def rowsum(x):
@@ -327,9 +315,10 @@ def test_function_deduplicating_by_data_ptr_is_caught_with_row_and_column_views(
     def mul(x, y):
         return fn.apply(x, y)
 
-    f = caught(mul, "forward", "OutputMismatch",
-               "input variant: x and y the row and the column of one base")
-    assert "as_strided" in f.example_code
+    # found on row-and-column views, or on another variant with one start address (same
+    # tensor is handled correctly, so it is never that one)
+    f = caught(mul, "forward", "OutputMismatch", "input variant: ")
+    assert "as_strided" in f.example_code and "same tensor" not in f.message
 
 
 def test_function_deduplicating_by_full_geometry_passes():
