@@ -155,8 +155,11 @@ def _inputs(spec: Spec, cfg: Settings, mode: Mode) -> Any:
     dtypes = [getattr(torch, d) for d in cfg.dtypes]
     if mode.kind == "compile":
         return arguments_for(spec.signature, dtypes_=dtypes[:1],
-                             shape_strategy=shapes(compile_friendly=True, max_dims=2))
-    return arguments_for(spec.signature, dtypes_=dtypes)
+                             shape_strategy=shapes(compile_friendly=True, max_dims=2),
+                             reference=spec.ref, mutated=spec.mutates)
+    return arguments_for(spec.signature, dtypes_=dtypes, reference=spec.ref,
+                         mutated=spec.mutates, block_sizes=spec.block_sizes,
+                         broadcast=mode.kind == "eager")
 
 
 def _hypothesis_test(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int | None,

@@ -54,6 +54,8 @@ class Spec:
     error_inputs: Any = None
     raises: type[BaseException] | None = None
     match: str | None = None
+    #: block sizes that derived inputs straddle (lengths k*b-1, k*b, k*b+1 along one dim)
+    block_sizes: tuple[int, ...] = ()
 
     @property
     def implementation(self) -> str:
@@ -107,6 +109,7 @@ def equivalent_to(
     error_inputs: Any = None,
     raises: type[BaseException] | None = None,
     match: str | None = None,
+    block_sizes: Sequence[int] = (),
     **module_options: Any,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
@@ -129,6 +132,8 @@ def equivalent_to(
     ``ref`` may be an ``nn.Module`` class or instance, and then ``module_options`` (``init``,
     ``state_map``, ``input_shapes``, ``train``, ``eval``, ``repeat``) describe the pair: see
     :mod:`equiv.modules`.
+    ``block_sizes`` (e.g. ``(64,)``) steers derived inputs toward lengths ``k*b - 1, k*b,
+    k*b + 1`` along one dim, for kernels that tile by ``b``.
     Returns the implementation unchanged, with ``__equiv_spec__`` attached.
     """
     module_pair = _MODULE_HOOK and _MODULE_HOOK(ref, module_options, dict(
@@ -136,7 +141,7 @@ def equivalent_to(
         settings=settings, name=name, variants=variants, schedules=schedules,
         parameters=parameters, max_memory_ratio=max_memory_ratio,
         max_retained_bytes=max_retained_bytes, aliases=aliases, error_inputs=error_inputs,
-        raises=raises, match=match))
+        raises=raises, match=match, block_sizes=block_sizes))
     if module_pair is not None:
         return module_pair
     if not callable(ref):
@@ -157,6 +162,8 @@ def equivalent_to(
             f"equivalent_to(settings=...) takes an equiv.settings object, got "
             f"{type(settings).__name__}."
         )
+
+    blocks = _validate_block_sizes(block_sizes)
 
     def decorate(impl: F) -> F:
         if not callable(impl):
@@ -187,6 +194,7 @@ def equivalent_to(
             max_memory_ratio=None if max_memory_ratio is None else float(max_memory_ratio),
             max_retained_bytes=max_retained_bytes, aliases=alias_map,
             error_inputs=err_inputs, raises=err_type, match=err_match,
+            block_sizes=blocks,
         )
         try:
             impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
@@ -199,6 +207,20 @@ def equivalent_to(
         return impl
 
     return decorate
+
+
+def _validate_block_sizes(value: Any) -> tuple[int, ...]:
+    try:
+        blocks = tuple(value)
+    except TypeError:
+        blocks = None
+    if blocks is None or not all(isinstance(b, int) and not isinstance(b, bool)
+                                 and 2 <= b <= 2048 for b in blocks):
+        raise InvalidArgument(
+            f"equivalent_to(block_sizes={value!r:.60}): give a tuple of ints from 2 to 2048, the "
+            "sizes your kernel tiles by, e.g. block_sizes=(64,) or block_sizes=(16, 128)."
+        )
+    return tuple(sorted(set(blocks)))
 
 
 def _callable_target(impl: Any) -> Any:

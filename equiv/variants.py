@@ -9,7 +9,9 @@ Switched per spec with ``equivalent_to(..., variants=...)``:
   a step and storage offset, as_strided window, channels_last; or expanded, stride 0, which
   repeats the first slice along one dim).
 - ``"aliasing"``: two arguments the contract does not declare mutated, with the same shape, dtype
-  and device, may become one tensor in two slots or two overlapping views of one base.
+  and device, may become one tensor in two slots, two overlapping views of one base, or the row
+  and the column of one square base (``base[0]``, ``base[:, 0]``: different elements, one start
+  address, so ``data_ptr()`` cannot tell them apart from one tensor).
 - ``"aliasing-mutated"``: the same, also for declared mutated arguments (and expanded layouts
   for them: a stride-0 argument overlaps itself).
 - ``"half"``: every float32/float64 tensor argument cast to float16 or bfloat16 (opt-in: the
@@ -18,6 +20,10 @@ Switched per spec with ``equivalent_to(..., variants=...)``:
 For a mutated argument made expanded or aliased, the rule is "must raise or match": the
 implementation may raise (torch refuses in-place writes into overlapping memory), otherwise its
 results must match the reference's.
+
+Derived inputs (``equiv.strategies.arguments_for``) may carry a note of their own (broadcast
+shapes, planted zeros and ties); it is reported with the variant, and broadcast shapes are
+"must raise or match" too: an implementation that refuses to broadcast may raise.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from hypothesis import strategies as st
 
 from equiv._args import Args, as_args
 from equiv._options import DEFAULT_VARIANTS, VARIANT_KINDS, validate_variants
-from equiv.strategies import layouts
+from equiv.strategies import DERIVED_NOTE, layouts
+from equiv.strategies._layouts import _gap_value
 
 __all__ = ["DEFAULT_VARIANTS", "VARIANT_KINDS", "NO_VARIANT", "Variant", "excused",
            "validate_variants", "with_variants"]
@@ -39,8 +46,10 @@ __all__ = ["DEFAULT_VARIANTS", "VARIANT_KINDS", "NO_VARIANT", "Variant", "excuse
 
 # relative weights of the variants drawn for one example (index 0, "none", is the shrink target;
 # Hypothesis already favours it, so its weight is small)
-_CHOICE_WEIGHTS = {"float16": 14, "bfloat16": 8, "none": 1, "transposed": 18, "permuted": 6, "sliced": 8, "window": 4,
-                   "channels_last": 3, "expanded": 16, "same": 20, "overlapping": 20}
+_CHOICE_WEIGHTS = {"float16": 16, "bfloat16": 9, "none": 1, "transposed": 18, "permuted": 6, "sliced": 8, "window": 4,
+                   "channels_last": 3, "expanded": 16, "same": 20,
+                   "overlapping": 30}
+_ALIAS_CHOICES = ("same", "overlapping")  # "overlapping" includes the row-column views
 _LAYOUT_CHOICES = ("transposed", "sliced", "expanded", "permuted", "window", "channels_last")
 
 
@@ -73,16 +82,15 @@ def _tensor_arguments(signature: inspect.Signature, args: Any) -> tuple[Any, lis
 def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
                   mutated: Iterable[str], kinds: tuple[str, ...]) -> st.SearchStrategy:
     """Pairs (example, Variant): the drawn example, possibly re-laid out or aliased."""
-
     mutated = frozenset(mutated)
     if not kinds:
-        return inputs.map(lambda ex: (ex, NO_VARIANT))
+        return inputs.map(lambda ex: (ex, _noted(ex, NO_VARIANT)))
 
     options = ["none"]
     if "layouts" in kinds:
         options += list(_LAYOUT_CHOICES)
     if "aliasing" in kinds or "aliasing-mutated" in kinds:
-        options += ["same", "overlapping"]
+        options += list(_ALIAS_CHOICES)
     if "half" in kinds:
         options += ["float16", "bfloat16"]
     # the variant is the first choice (Hypothesis varies a test case's first choices most), with
@@ -93,68 +101,105 @@ def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
     def build(draw: Any) -> tuple[Any, Variant]:
         choice = table[draw(st.integers(0, len(table) - 1))]
         example = draw(inputs)
-        try:
-            args = as_args(example)
-        except TypeError:
-            return example, NO_VARIANT  # the runner reports the bad example
-        found = _tensor_arguments(signature, args)
-        if found is None or not found[1]:
-            return example, NO_VARIANT
-        bound, names = found
-        values = dict(bound.arguments)
-        allowed = [n for n in names if n not in mutated or "aliasing-mutated" in kinds]
-        pairs = [(a, b) for i, a in enumerate(allowed) for b in allowed[i + 1:]
-                 if _compatible(values[a], values[b])]
-        if choice in ("same", "overlapping") and not pairs:
-            if "layouts" not in kinds:
-                return example, NO_VARIANT
-            choice = "transposed" if choice == "same" else "expanded"
-        if choice == "none":
-            return example, NO_VARIANT
-        if choice in ("float16", "bfloat16"):
-            dtype = getattr(torch, choice)
-            cast = [n for n in names if values[n].dtype in (torch.float32, torch.float64)]
-            if not cast:
-                return example, NO_VARIANT
-            for n in cast:
-                t = values[n]
-                values[n] = t.detach().to(dtype).requires_grad_(t.requires_grad)
-            text = f"{', '.join(cast)} cast to {choice}"
-            raising = overlaps = False
-        elif choice in ("same", "overlapping"):
-            a, b = pairs[draw(st.integers(0, len(pairs) - 1))]
-            x, y = values[a], values[b]
-            if choice == "overlapping" and x.numel() >= 2:
-                shift = draw(st.integers(1, x.numel() - 1))
-                values[a], values[b] = _overlapping(x, y, shift)
-                text = (f"{a} and {b} overlapping views of one base ({b} starts {shift} "
-                        f"element{'s' if shift > 1 else ''} after {a})")
-            else:
-                values[b] = x
-                text = f"{b} is the same tensor as {a}"
-            raising = bool({a, b} & mutated)
-            overlaps = True
-        else:
-            lay = draw(layouts(kinds=(choice,)))
-            # an expanded argument overlaps itself: for a mutated one that is aliasing
-            usable = [n for n in names if lay.effective(values[n].shape).kind == choice
-                      and not (choice == "expanded" and n in mutated
-                               and "aliasing-mutated" not in kinds)]
-            if not usable:  # this shape cannot show the layout: fall back to one that can
-                lay = draw(layouts(kinds=("sliced",)))
-                usable = [n for n in names if values[n].numel() > 0]
-                if not usable:
-                    return example, NO_VARIANT
-            n = usable[draw(st.integers(0, len(usable) - 1))]
-            t = values[n]
-            values[n] = lay.apply(t)
-            text = f"{n} {lay.describe(t.shape)}"
-            raising = lay.kind == "expanded" and n in mutated
-            overlaps = lay.kind == "expanded"
-        bound.arguments.update(values)
-        return Args(*bound.args, **bound.kwargs), Variant(text, raising, overlaps)
+        changed, variant = _vary(draw, example, choice, signature, mutated, kinds)
+        return changed, _noted(example, variant)
 
     return build()
+
+
+def _vary(draw: Any, example: Any, choice: str, signature: inspect.Signature,
+          mutated: frozenset, kinds: tuple[str, ...]) -> tuple[Any, Variant]:
+    """``example`` with the variant ``choice`` applied where it fits (or unchanged)."""
+    try:
+        args = as_args(example)
+    except TypeError:
+        return example, NO_VARIANT  # the runner reports the bad example
+    found = _tensor_arguments(signature, args)
+    if found is None or not found[1]:
+        return example, NO_VARIANT
+    bound, names = found
+    values = dict(bound.arguments)
+    allowed = [n for n in names if n not in mutated or "aliasing-mutated" in kinds]
+    pairs = [(a, b) for i, a in enumerate(allowed) for b in allowed[i + 1:]
+             if _compatible(values[a], values[b])]
+    if choice in _ALIAS_CHOICES and not pairs:
+        if "layouts" not in kinds:
+            return example, NO_VARIANT
+        choice = "transposed" if choice == "same" else "expanded"
+    if choice == "none":
+        return example, NO_VARIANT
+    if choice in ("float16", "bfloat16"):
+        dtype = getattr(torch, choice)
+        cast = [n for n in names if values[n].dtype in (torch.float32, torch.float64)]
+        if not cast:
+            return example, NO_VARIANT
+        for n in cast:
+            t = values[n]
+            values[n] = t.detach().to(dtype).requires_grad_(t.requires_grad)
+        variant = Variant(f"{', '.join(cast)} cast to {choice}")
+    elif choice in _ALIAS_CHOICES:
+        variant = _alias(draw, choice, values, pairs, mutated)
+    else:
+        variant = _layout(draw, choice, values, names, mutated, kinds)
+        if variant is None:
+            return example, NO_VARIANT
+    bound.arguments.update(values)
+    return Args(*bound.args, **bound.kwargs), variant
+
+
+def _alias(draw: Any, choice: str, values: dict, pairs: list, mutated: frozenset) -> Variant:
+    """Make a drawn pair of ``values`` share memory (in place in ``values``)."""
+    a, b = pairs[draw(st.integers(0, len(pairs) - 1))]
+    x, y = values[a], values[b]
+    if choice != "same" and x.numel() >= 2:
+        # "overlapping" is drawn as shifted views or the row and column of one base; both draw
+        # a shift, so that row-column shrinks to shifted views by one choice of the same length
+        if draw(st.integers(0, 2)) > 0:  # row-column twice as often as shifted views
+            choice = "row-column"
+        shift = draw(st.integers(1, x.numel() - 1))
+        if choice == "row-column" and x.numel() <= _ROW_COLUMN_MAX:
+            values[a], values[b] = _row_and_column(x, y)
+            text = (f"{a} and {b} the row and the column of one base ({a} = base[0], "
+                    f"{b} = base[:, 0]: one start address, 1 shared element)")
+        else:
+            values[a], values[b] = _overlapping(x, y, shift)
+            text = (f"{a} and {b} overlapping views of one base ({b} starts {shift} "
+                    f"element{'s' if shift > 1 else ''} after {a})")
+    else:
+        values[b] = x
+        text = f"{b} is the same tensor as {a}"
+    return Variant(text, bool({a, b} & mutated), True)
+
+
+def _layout(draw: Any, choice: str, values: dict, names: list[str], mutated: frozenset,
+            kinds: tuple[str, ...]) -> Variant | None:
+    """Re-lay out one drawn argument of ``values`` (in place in ``values``)."""
+    lay = draw(layouts(kinds=(choice,)))
+    # an expanded argument overlaps itself: for a mutated one that is aliasing
+    usable = [n for n in names if lay.effective(values[n].shape).kind == choice
+              and not (choice == "expanded" and n in mutated
+                       and "aliasing-mutated" not in kinds)]
+    if not usable:  # this shape cannot show the layout: fall back to one that can
+        lay = draw(layouts(kinds=("sliced",)))
+        usable = [n for n in names if values[n].numel() > 0]
+        if not usable:
+            return None
+    n = usable[draw(st.integers(0, len(usable) - 1))]
+    t = values[n]
+    values[n] = lay.apply(t)
+    expanded = lay.kind == "expanded"
+    return Variant(f"{n} {lay.describe(t.shape)}", expanded and n in mutated, expanded)
+
+
+def _noted(example: Any, variant: Variant) -> Variant:
+    """``variant`` joined with the note a derived example carries (broadcast shapes, planted
+    zeros and ties): one description; broadcast shapes may raise ("must raise or match")."""
+    note = getattr(example, DERIVED_NOTE, None)
+    if not note:
+        return variant
+    text, may_raise = note
+    description = "; ".join(d for d in (text, variant.description) if d)
+    return Variant(description, variant.may_raise or may_raise, variant.overlaps)
 
 
 def _compatible(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -173,6 +218,24 @@ def _overlapping(x: torch.Tensor, y: torch.Tensor, shift: int) -> tuple[torch.Te
         base[n:] = y.detach().reshape(-1)[n - shift:]
     base.requires_grad_(rg)
     return base[:n].view(x.shape), base[shift:].view(y.shape)
+
+
+# the row/column variant's base is n x n: only for arguments of up to this many elements
+_ROW_COLUMN_MAX = 256
+
+
+def _row_and_column(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two views of one fresh ``n x n`` base (``n = x.numel()``): the first is ``base[0]``
+    with x's values, the second ``base[:, 0]`` with y's values after its first element, which
+    is shared with x. Both start at the base's first element."""
+    n = x.numel()
+    rg = x.requires_grad or y.requires_grad
+    with torch.no_grad():
+        base = torch.full((n, n), _gap_value(x.dtype), dtype=x.dtype, device=x.device)
+        base[0] = x.detach().reshape(-1)
+        base[1:, 0] = y.detach().reshape(-1)[1:]
+    base.requires_grad_(rg)
+    return base[0].view(x.shape), base[:, 0].view(y.shape)
 
 
 _OVERLAP_ERROR = "to a single memory location"  # torch refusing an in-place write

@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from ._tensors import shapes, tensors
+
 #: alias patterns, simplest first (``aliased_arguments`` shrinks toward the front)
 ALIAS_PATTERNS: tuple[str, ...] = ("none", "same", "overlapping", "view-and-base", "disjoint")
 
@@ -30,8 +32,6 @@ def aliased_arguments(draw: Any, count: int = 2, *, pattern: Any = None, shape: 
     least 2 elements for ``overlapping``). With ``requires_grad`` the base is a leaf and the
     other slots are autograd views of it (``t._base``).
     """
-    from . import shapes, tensors
-
     if not isinstance(count, int) or count < 2:
         raise ValueError(f"aliased_arguments(count={count!r}): give an int >= 2")
     if pattern is None:

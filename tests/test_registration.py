@@ -183,7 +183,8 @@ def test_user_tensors_are_never_modified():
 
 
 def test_derived_inputs_use_the_signature():
-    """Without inputs=, plain tensor parameters get tensors of one shape; defaults are kept."""
+    """Without inputs=, plain tensor parameters get tensors of one shape (or, sometimes,
+    mutually broadcastable shapes); defaults are kept."""
     seen = []
 
     def ref(x, y, alpha: float = 2.0):
@@ -191,11 +192,13 @@ def test_derived_inputs_use_the_signature():
 
     @equivalent_to(ref)
     def axpy(x, y, alpha: float = 2.0):
+        torch.broadcast_shapes(x.shape, y.shape)  # raises if they do not broadcast
         seen.append((x.shape == y.shape, x.requires_grad, alpha))
         return torch.add(x, y, alpha=alpha)
 
     assert equiv.check(axpy, settings=FAST).ok
-    assert seen and all(s[0] and s[2] == 2.0 for s in seen)
+    assert seen and all(s[2] == 2.0 for s in seen)
+    assert sum(s[0] for s in seen) > len(seen) / 2  # mostly one shape
     # inputs require grad, except on the no-grad path (the no-grad check's own calls)
     assert sum(s[1] for s in seen) > len(seen) / 2 and not all(s[1] for s in seen)
 

@@ -208,7 +208,9 @@ def test_overlapping_bug_shrinks_to_smallest_pair():
         return x * y
 
     for seed in SEEDS:
-        f = run(mul, seed).findings[0]
+        # the forward finding (the row-and-column variant may add a gradient finding: with
+        # equal values in x and y the forward happens to agree there)
+        f = next(f for f in run(mul, seed).findings if f.check == "forward")
         assert f.example == ("mul(x=f32[2] cpu grad (non-leaf), y=f32[2] cpu grad (overlaps x "
                              "(1 shared elements), storage offset 1, non-leaf))"), f.example
 

@@ -1,0 +1,183 @@
+"""The hard cases of inputs derived from a signature: lengths that straddle tile sizes,
+broadcastable shape tuples, and exact zeros and ties planted where the reference is smooth.
+
+Each hard case is a drawn choice whose index 0 is "none", so a failure shrinks toward the plain
+example. Zeros and ties are kinks of many references (``relu`` at 0, ``max`` of equal elements),
+where the subgradient convention is free; :func:`smooth_at` keeps a plant only when the reference
+is continuous, with a continuous gradient, across every planted position.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import mutually_broadcastable_shapes
+
+from equiv._compat import tree_flatten
+
+#: the most elements a derived tensor with a tile-straddling length has (time per example stays
+#: bounded: the other dims shrink to fit)
+TILE_MAX_NUMEL = 4096
+#: lengths drawn along one dim when no ``block_sizes`` are given: 2^k - 1, 2^k + 1 and (half as
+#: often) 2^k for k = 1..11 (1 ... 2049), smallest first: a failure that needs no long dim
+#: shrinks to a short one
+TILE_LENGTHS: tuple[int, ...] = tuple(sorted(
+    n for k in range(1, 12) for n in (2**k - 1, 2**k + 1, 2**k - 1, 2**k + 1, 2**k)))
+# how many multiples of each block size are drawn (k*b - 1, k*b, k*b + 1 for k = 1..3)
+_BLOCK_MULTIPLES = 3
+# shape plans: index 0 (one shared small shape) is the shrink target; weights out of the table
+_PLANS = {"shared": 12, "tile": 3, "broadcast": 3}
+# the probe's step and the jump (relative to the values' magnitude) that counts as a kink
+_STEP = 1e-5
+_JUMP = 1e-2
+
+
+def tile_lengths(block_sizes: Sequence[int] = ()) -> tuple[int, ...]:
+    """Lengths to draw along one dim: ``k*b - 1, k*b, k*b + 1`` for each block size ``b``
+    (k = 1..3), else :data:`TILE_LENGTHS`."""
+    if not block_sizes:
+        return TILE_LENGTHS
+    out = sorted({k * b + d for b in block_sizes for k in range(1, _BLOCK_MULTIPLES + 1)
+                  for d in (-1, 1, 0) if 0 < k * b + d <= TILE_MAX_NUMEL})
+    return tuple(out)
+
+
+def draw_plan(draw: Any, tensors: int, *, tile: bool, broadcast: bool,
+              steer: bool = False) -> str:
+    """Which shape plan this example uses: shared, tile or broadcast (when allowed)."""
+    weights = dict(_PLANS)
+    if steer:  # block sizes were given: draw tile-straddling lengths more often
+        weights["tile"] *= 4
+    table = [p for p, w in weights.items() for _ in range(w)
+             if p == "shared" or (p == "tile" and tile) or (p == "broadcast" and broadcast
+                                                             and tensors >= 2)]
+    return table[draw(st.integers(0, len(table) - 1))]
+
+
+def tile_shape(draw: Any, base: tuple[int, ...], lengths: Sequence[int]) -> tuple[int, ...]:
+    """``base`` (at least 1-D) with one dim (the last, three times as often as any other) set to
+    a drawn tile-straddling length, the other dims shrunk so the total stays bounded. (Drawn for
+    every example, used by the tile plan only: the choice sequence has the same length whatever
+    the plan, so a failure shrinks from a tile length to the plain shape.)"""
+    base = base or (1,)
+    dims = [len(base) - 1] * 3 + list(range(len(base) - 1))
+    dim = dims[draw(st.integers(0, len(dims) - 1))]
+    length = lengths[draw(st.integers(0, len(lengths) - 1))]
+    room = max(TILE_MAX_NUMEL // length, 1)
+    out = []
+    for i, d in enumerate(base):
+        if i == dim:
+            out.append(length)
+            continue
+        side = max(min(d, room), 1)
+        room //= side
+        out.append(side)
+    return tuple(out)
+
+
+def broadcast_shapes(draw: Any, count: int, mutated: Sequence[bool]) -> tuple[tuple[int, ...], ...]:
+    """``count`` mutually broadcastable shapes; an argument written in place gets the result's
+    shape (an in-place write cannot broadcast its destination)."""
+    shapes, result = draw(mutually_broadcastable_shapes(
+        num_shapes=count, min_dims=1, max_dims=3, min_side=1, max_side=4))
+    return tuple(tuple(result) if m else tuple(s) for s, m in zip(shapes, mutated))
+
+
+def plant(draw: Any, t: torch.Tensor, apply: bool) -> list[tuple[int, str]]:
+    """Exact zeros and ties (a copy of another element) at a few drawn positions of the floating
+    or complex tensor ``t``, written in place (``t`` is freshly drawn) when ``apply``. The
+    positions are drawn either way (a failure then shrinks from planted to plain values without
+    shifting later choices). Returns the planted ``(flat index, "zero" | "tie")`` pairs."""
+    n = t.numel()
+    if n == 0 or not (t.dtype.is_floating_point or t.dtype.is_complex):
+        return []
+    flat = t.view(-1)
+    out = []
+    for _ in range(draw(st.integers(1, min(3, n)))):
+        i = draw(st.integers(0, n - 1))
+        if n >= 2 and draw(st.booleans()):
+            j = draw(st.integers(0, n - 2))
+            j += j >= i
+            if apply:
+                flat[i] = flat[j]
+            out.append((i, "tie"))
+        else:
+            if apply:
+                flat[i] = 0
+            out.append((i, "zero"))
+    return out if apply else []
+
+
+def smooth_at(reference: Callable[..., Any] | None, args: Sequence[Any], kwargs: dict,
+              planted: dict[int, list[int]]) -> bool:
+    """True when ``reference`` is continuous, with a continuous gradient, across the planted
+    positions: its outputs and the VJP of a fixed cotangent (in float64) agree at the example
+    and at the example moved by +-step at those positions. A reference that raises is not
+    smooth; without a reference there is nothing to probe."""
+    if reference is None:
+        return True
+    try:
+        at = _probe(reference, args, kwargs, planted, 0.0)
+        up = _probe(reference, args, kwargs, planted, _STEP)
+        down = _probe(reference, args, kwargs, planted, -_STEP)
+    except Exception:
+        return False
+    return all(_close(at, other) for other in (up, down))
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.complex128 if t.dtype.is_complex else torch.float64)
+
+
+def _probe(reference: Callable[..., Any], args: Sequence[Any], kwargs: dict,
+           planted: dict[int, list[int]], step: float) -> list[torch.Tensor]:
+    """The reference's float64 outputs and input gradients, with ``step`` added at the
+    planted positions of the argument at each position of ``args + kwargs``."""
+    values = list(args) + list(kwargs.values())
+    leaves: list[torch.Tensor] = []
+    for k, v in enumerate(values):
+        if isinstance(v, torch.Tensor) and (v.dtype.is_floating_point or v.dtype.is_complex):
+            w = _wide(v.detach()).clone()
+            for i in planted.get(k, ()):
+                w.view(-1)[i] += step
+            values[k] = w.requires_grad_(True)
+            leaves.append(values[k])
+    with torch.enable_grad():
+        out = reference(*values[:len(args)], **dict(zip(kwargs, values[len(args):])))
+        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        gen = torch.Generator().manual_seed(1234)
+        loss = 0
+        for o in outs:
+            if o.requires_grad and (o.dtype.is_floating_point or o.dtype.is_complex):
+                real = torch.view_as_real(o) if o.dtype.is_complex else o
+                # magnitudes 1-2: a kink's jump in the gradient is never hidden by a tiny weight
+                sign = torch.randn(real.shape, generator=gen, dtype=real.dtype).sign()
+                cot = sign * (1 + torch.rand(real.shape, generator=gen, dtype=real.dtype))
+                loss = loss + (real * cot).sum()
+        grads = []
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            found = torch.autograd.grad(loss, leaves, allow_unused=True)
+            grads = [g for g in found if g is not None]
+    return [_wide(o.detach()) if o.dtype.is_floating_point or o.dtype.is_complex
+            else o.detach() for o in outs] + grads
+
+
+def _close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x.shape != y.shape:
+            return False
+        if not (x.dtype.is_floating_point or x.dtype.is_complex):
+            if not torch.equal(x, y):
+                return False
+            continue
+        finite = torch.isfinite(x) & torch.isfinite(y)
+        if not torch.equal(torch.isfinite(x), torch.isfinite(y)):
+            return False
+        gap = (x[finite] - y[finite]).abs() > _JUMP * (1 + x[finite].abs())
+        if gap.any():
+            return False
+    return True

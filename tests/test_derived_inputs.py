@@ -1,0 +1,468 @@
+"""Derived inputs that reach the cases real kernels break on: complex values (opt-in dtypes),
+exact zeros and ties (only where the reference is smooth), lengths that straddle a tile size,
+broadcast shapes, and the row-and-column aliasing variant. Each bug is caught through
+``equiv.check`` from inputs derived from the signature alone; each correct twin passes.
+
+The ``xfail(strict=True)`` tests at the end need the engine (cotangent variants, batched
+gradients, write-only buffers, ``assert_equivalent``)."""
+
+from __future__ import annotations
+
+import hypothesis
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import equiv
+import equiv.strategies as es
+from equiv import equivalent_to
+
+#: fixed seeds, no database, the default budget of 60 examples (bench/detection_inputs.py
+#: measures the detection rate over 20 seeds)
+SEEDS = (0, 1)
+BUDGET = 60
+
+
+def run(impl, seed: int = 0, budget: int = BUDGET, **options) -> equiv.Report:
+    cfg = equiv.settings(seed=seed, max_examples=budget, modes=("eager",),
+                         hypothesis_settings=hypothesis.settings(database=None), **options)
+    return equiv.check(impl, settings=cfg, raise_on_failure=False)
+
+
+def caught(impl, check: str, *lines: str, **options) -> equiv.Finding:
+    """``impl`` is caught on every seed, by ``check``, with ``lines`` in the message."""
+    for seed in SEEDS:
+        report = run(impl, seed, **options)
+        assert not report.ok, f"seed {seed}: not caught in {report.examples_run} examples"
+        f = next((f for f in report.findings if f.check == check), None)
+        assert f is not None, report.render()
+        for line in lines:
+            assert line in f.message, f.message
+    return f
+
+
+def passes(impl, **options) -> None:
+    for seed in SEEDS:
+        report = run(impl, seed, **options)
+        assert report.ok, report.render()
+        assert report.examples_run >= 40
+
+
+# -- complex: the conjugate convention -----------------------------------------------------------
+def cmul_ref(x, y):
+    return x * y
+
+
+def _complex_mul(conjugate: bool):
+    class CMul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            ctx.save_for_backward(x, y)
+            return x * y
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, y = ctx.saved_tensors
+            if conjugate:  # torch's convention: grad_x = grad * conj(dy/dx)
+                return grad * y.conj(), grad * x.conj()
+            return grad * y, grad * x
+    return CMul
+
+
+COMPLEX = ("float32", "complex64")
+
+
+def test_complex_multiply_missing_the_conjugate_is_caught():
+    """Real inputs cannot see it (conj is the identity there): complex64 from the opt-in
+    ``settings(dtypes=...)`` does."""
+    fn = _complex_mul(conjugate=False)
+
+    @equivalent_to(cmul_ref, settings=equiv.settings(dtypes=COMPLEX))
+    def cmul(x, y):
+        return fn.apply(x, y)
+
+    f = caught(cmul, "gradients", "GradientMismatch", "dtype: torch.complex64",
+               "differs from the reference")
+    assert "c64[" in f.example
+
+
+def test_complex_multiply_twin_passes():
+    fn = _complex_mul(conjugate=True)
+
+    @equivalent_to(cmul_ref, settings=equiv.settings(dtypes=COMPLEX))
+    def cmul(x, y):
+        return fn.apply(x, y)
+
+    passes(cmul)
+
+
+def test_real_inputs_miss_the_conjugate_bug():
+    """The control: without complex dtypes the bug is invisible."""
+    fn = _complex_mul(conjugate=False)
+
+    @equivalent_to(cmul_ref)
+    def cmul(x, y):
+        return fn.apply(x, y)
+
+    assert run(cmul).ok
+
+
+# -- exact zeros: a backward that divides by the input -------------------------------------------
+def cumprod_ref(x):
+    return torch.cumprod(x, dim=-1)
+
+
+class CumprodDivides(torch.autograd.Function):
+    """d/dx_i of sum_j g_j * prod_{k<=j} x_k = (sum_{j>=i} g_j y_j) / x_i: nan at x_i = 0."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.cumprod(x, dim=-1)
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y = ctx.saved_tensors
+        if x.dim() == 0:
+            return grad
+        return (grad * y).flip(-1).cumsum(-1).flip(-1) / x
+
+
+class CumprodExact(torch.autograd.Function):
+    """The same forward; backward through the product itself (no division)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.cumprod(x, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            leaf = x.detach().requires_grad_(True)
+            return torch.autograd.grad(torch.cumprod(leaf, dim=-1), leaf, grad)[0]
+
+
+def test_cumprod_backward_dividing_by_the_input_is_caught_via_exact_zeros():
+    @equivalent_to(cumprod_ref)
+    def cumprod(x):
+        return CumprodDivides.apply(x)
+
+    f = caught(cumprod, "gradients", "GradientMismatch", "input variant: exact zeros in x")
+    assert "0.0" in f.example_code
+
+
+def test_cumprod_twin_passes_with_zeros():
+    @equivalent_to(cumprod_ref)
+    def cumprod(x):
+        return CumprodExact.apply(x)
+
+    passes(cumprod)
+
+
+def test_zeros_stay_out_of_a_reference_kink():
+    """``clamp(min=0)`` and ``relu`` disagree on the gradient at exactly 0 (1 vs 0): both are
+    valid subgradients, so zeros are never planted where the reference has that kink."""
+    @equivalent_to(lambda x: torch.relu(x))
+    def relu(x):
+        return x.clamp(min=0)
+
+    passes(relu)
+
+
+def test_ties_stay_out_of_a_max_kink():
+    """``amax`` splits the gradient between tied maxima; ``max`` gives it to one: both valid."""
+    @equivalent_to(lambda x: x.amax())
+    def largest(x):
+        return x.reshape(-1).max() if x.numel() else x.amax()
+
+    passes(largest)
+
+
+def test_planted_values_probe():
+    """The smoothness probe: kinks and jumps refuse a plant, smooth references keep it."""
+    from equiv.strategies._derived import smooth_at
+
+    x = torch.tensor([0.0, 1.5])
+    assert not smooth_at(torch.relu, [x], {}, {0: [0]})
+    assert not smooth_at(torch.sign, [x], {}, {0: [0]})            # a jump in the forward
+    assert smooth_at(lambda t: torch.cumprod(t, 0), [x], {}, {0: [0]})
+    assert smooth_at(lambda t: t * t, [x], {}, {0: [0]})
+    tie = torch.tensor([1.5, 1.5])
+    assert not smooth_at(lambda t: t.max(), [tie], {}, {0: [1]})
+    assert not smooth_at(lambda t: 1 / t, [x], {}, {0: [0]})       # inf at the plant
+
+
+# -- tile sizes: a reduction wrong only off a multiple of its block --------------------------------
+def rowsum_ref(x):
+    return x.sum(-1)
+
+
+def _tiled_sum(x: torch.Tensor, block: int, drop_tail: bool) -> torch.Tensor:
+    """Row sums in blocks of ``block``; a row shorter than one block takes a fast path."""
+    n = x.shape[-1] if x.dim() else 1
+    if x.dim() == 0 or n <= block:
+        return x.sum(-1)
+    full = n // block * block
+    total = x[..., :full].reshape(*x.shape[:-1], n // block, block).sum(-1).sum(-1)
+    if not drop_tail:
+        total = total + x[..., full:].sum(-1)
+    return total
+
+
+def test_tiled_reduction_dropping_the_tail_is_caught_with_block_sizes():
+    @equivalent_to(rowsum_ref, block_sizes=(32,))
+    def rowsum(x):
+        return _tiled_sum(x, 32, drop_tail=True)
+
+    f = caught(rowsum, "forward", "OutputMismatch")
+    length = int(f.example.split("[")[1].split("]")[0].split(",")[-1])
+    assert length > 32 and length % 32, f.example
+
+
+def test_tiled_reduction_twin_passes():
+    @equivalent_to(rowsum_ref, block_sizes=(32,))
+    def rowsum(x):
+        return _tiled_sum(x, 32, drop_tail=False)
+
+    passes(rowsum)
+
+
+@pytest.mark.parametrize("value, match", [
+    ((1,), "block_sizes"), ("64", "block_sizes"), ((64.0,), "from 2 to 2048"), (3, "tuple")])
+def test_bad_block_sizes_fail_at_decoration(value, match):
+    with pytest.raises(equiv.InvalidArgument, match=match):
+        equivalent_to(rowsum_ref, block_sizes=value)
+
+
+def test_tile_lengths():
+    assert es.tile_lengths((64,)) == (63, 64, 65, 127, 128, 129, 191, 192, 193)
+    assert {1, 2, 3, 7, 8, 9, 2047, 2048, 2049} <= set(es.TILE_LENGTHS)
+
+
+# -- broadcasting: several tensor arguments ------------------------------------------------------
+def add_ref(x, y):
+    return x + y
+
+
+def test_broadcast_bug_is_caught_and_named():
+    """A kernel that keeps x's shape: it sums the result back down (as a gradient would)."""
+    @equivalent_to(add_ref)
+    def add(x, y):
+        out = x + y
+        return out.sum_to_size(x.shape) if out.shape != x.shape else out
+
+    caught(add, "forward", "input variant: broadcast shapes: x (")
+
+
+def test_broadcast_refusing_implementation_is_excused():
+    """An implementation that refuses to broadcast may raise ("must raise or match")."""
+    @equivalent_to(add_ref)
+    def add(x, y):
+        if x.shape != y.shape:
+            raise ValueError("add: x and y must have the same shape")
+        return x + y
+
+    passes(add)
+
+
+def test_a_reference_that_does_not_broadcast_gets_the_shared_shape():
+    """The reference refusing broadcast shapes costs no rejected examples."""
+    def dot_ref(x, y):
+        assert x.shape == y.shape
+        return (x * y).sum()
+
+    @equivalent_to(dot_ref)
+    def dot(x, y):
+        return (x * y).sum()
+
+    for seed in SEEDS:
+        report = run(dot, seed)
+        assert report.ok and report.examples_run >= BUDGET - 2, report.render()
+
+
+def test_mutated_argument_keeps_the_full_broadcast_shape():
+    @equivalent_to(lambda x, y: x + y, mutates={"x": "out"})
+    def add_(x, y):
+        return x.add_(y)
+
+    passes(add_)
+
+
+# -- aliasing: the row and the column of one base ------------------------------------------------
+def _dedup_mul(key):
+    class Mul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            ctx.save_for_backward(x, y)
+            if key(x) == key(y):  # "the same tensor twice": square once
+                return x.square()
+            return x * y
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, y = ctx.saved_tensors
+            return grad * y, grad * x
+    return Mul
+
+
+def test_function_deduplicating_by_data_ptr_is_caught_with_row_and_column_views():
+    fn = _dedup_mul(lambda t: t.data_ptr())
+
+    @equivalent_to(cmul_ref)
+    def mul(x, y):
+        return fn.apply(x, y)
+
+    # found on row-and-column views, or on another variant with one start address (same
+    # tensor is handled correctly, so it is never that one)
+    f = caught(mul, "forward", "OutputMismatch", "input variant: ")
+    assert "as_strided" in f.example_code and "same tensor" not in f.message
+
+
+def test_function_deduplicating_by_full_geometry_passes():
+    fn = _dedup_mul(lambda t: (t.data_ptr(), t.shape, t.stride()))
+
+    @equivalent_to(cmul_ref)
+    def mul(x, y):
+        return fn.apply(x, y)
+
+    passes(mul)
+
+
+def test_row_and_column_views_share_the_start_address_only():
+    from equiv.variants import _row_and_column
+
+    x, y = torch.arange(1.0, 4.0), torch.arange(10.0, 13.0)
+    r, c = _row_and_column(x, y)
+    assert r.data_ptr() == c.data_ptr() and r.stride() != c.stride()
+    assert r.tolist() == [1.0, 2.0, 3.0] and c.tolist() == [1.0, 11.0, 12.0]
+
+
+# -- strategy-level properties -------------------------------------------------------------------
+def test_hard_cases_off_draws_the_plain_examples():
+    import inspect
+
+    def f(x, y):
+        pass
+
+    sig = inspect.signature(f)
+    plain = hypothesis.find(es.arguments_for(sig, hard_cases=False), lambda a: True,
+                            settings=hypothesis.settings(database=None))
+    assert plain.args[0].shape == plain.args[1].shape
+
+
+@hypothesis.settings(max_examples=150, database=None, deadline=None,
+                     suppress_health_check=[hypothesis.HealthCheck.too_slow])
+@given(st.data())
+def test_tile_shapes_stay_bounded(data):
+    import inspect
+
+    def f(x):
+        pass
+
+    ex = data.draw(es.arguments_for(inspect.signature(f), block_sizes=(1000,)))
+    assert ex.args[0].numel() <= 4096
+
+
+# -- needs the engine ---------------------------------------------------------------------------
+def double_ref(x):
+    return x * 2
+
+
+@pytest.mark.xfail(strict=True, reason="needs the engine: cotangent layout variants "
+                   "(non-contiguous, expanded stride-0, zero) drawn with the example")
+def test_backward_assuming_a_contiguous_cotangent_is_caught():
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            # reads grad's memory as if it were row-major
+            flat = grad.as_strided((grad.numel(),), (1,), grad.storage_offset())
+            return flat.reshape(grad.shape) * 2
+
+    @equivalent_to(double_ref)
+    def double(x):
+        return Double.apply(x)
+
+    caught(double, "gradients", "cotangent: transposed")
+
+
+@pytest.mark.xfail(strict=True, reason="needs the engine: undefined (None) cotangents for "
+                   "some outputs of a multi-output function")
+def test_backward_wrong_on_an_undefined_gradient_is_caught():
+    class Both(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.set_materialize_grads(False)
+            return x * 2, x * 3
+
+        @staticmethod
+        def backward(ctx, g1, g2):
+            return g1 * 2 + g2 * 3  # crashes when the second output is unused (g2 is None)
+
+    @equivalent_to(lambda x: (x * 2, x * 3))
+    def both(x):
+        return Both.apply(x)
+
+    caught(both, "gradients", "cotangent: None for output [1]")
+
+
+@pytest.mark.xfail(strict=True, reason="needs the engine: batched gradients (vmap over the VJP) "
+                   "in the vmap mode")
+def test_batched_gradient_bug_is_caught_in_vmap_mode():
+    class Double(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return x * 2
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.shape = inputs[0].shape
+
+        @staticmethod
+        def backward(ctx, grad):
+            out = torch.zeros(ctx.shape, dtype=grad.dtype)
+            out.copy_(grad * 2)  # a preallocated unbatched buffer: breaks under vmap
+            return out
+
+    @equivalent_to(double_ref)
+    def double(x):
+        return Double.apply(x)
+
+    caught(double, "gradients", "batched gradient", modes=("vmap",))
+
+
+@pytest.mark.xfail(strict=True, reason="needs the engine: write_only= on equivalent_to and NaN "
+                   "poisoning of write-only buffers on the implementation's side")
+def test_out_kernel_reading_its_buffer_is_caught_by_poisoning():
+    def add_ref(x, y, out):
+        return x + y
+
+    @equivalent_to(add_ref, mutates={"out": "out"}, write_only=("out",))
+    def add_out(x, y, out):
+        return out.mul_(0).add_(x + y)  # reads out: 0 * stale is 0 unless stale is nan/inf
+
+    caught(add_out, "mutation", "write-only argument 'out' was read")
+
+
+@pytest.mark.xfail(strict=True, reason="needs the engine: equiv.assert_equivalent running every "
+                   "check on one given example")
+def test_assert_equivalent_inside_a_users_given_test():
+    @equivalent_to(double_ref)
+    def double(x):
+        return x + x if x.dim() else x * 2.5  # wrong for 0-d
+
+    @hypothesis.settings(max_examples=20, database=None)
+    @given(es.tensors(shape=es.shapes(), requires_grad=True))
+    def user_test(x):
+        equiv.assert_equivalent(double, x)
+
+    with pytest.raises(equiv.OutputMismatch):
+        user_test()
