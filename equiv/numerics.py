@@ -30,6 +30,10 @@ from equiv.compare import Mismatch, compare_leaf, dtype_tolerance
 K_DEFAULTS: Mapping[str, float] = {"outputs": 2.0, "gradients": 3.0, "second-order": 4.0}
 #: ULPs of the dtype, at the tensor's largest |oracle|, always allowed
 FLOOR_ULPS = 2.0
+#: the floor per check: a backward rounds about twice as often as its forward (and its
+#: reductions over broadcast dimensions sum rounded terms), a double backward twice again
+FLOOR_ULPS_DEFAULTS: Mapping[str, float] = {"outputs": FLOOR_ULPS, "gradients": 4.0,
+                                            "second-order": 8.0}
 #: an error within this many times (baseline error + ULP floor) is rounding, not a wrong value
 ROUNDING_FACTOR = 10.0
 #: tensors with at least this many elements get a p99 ULP figure in the message

@@ -352,7 +352,6 @@ def test_e2e_float16_accumulation_in_float16_is_caught():
     assert report.findings[0].check == "forward"
 
 
-@pytest.mark.xfail(strict=True, reason=_ENGINE_ORACLE)
 def test_e2e_float16_accumulation_message_shows_both_errors():
     """The finding states the implementation's and the float16 reference's own error."""
     buggy, _ = _fp16_specs()
@@ -368,7 +367,6 @@ def test_e2e_float16_accumulation_in_float32_passes():
     assert check(correct, settings=FAST, modes=("eager",), checks=("forward",)).ok
 
 
-@pytest.mark.xfail(strict=True, reason=_ENGINE_ORACLE)
 def test_e2e_bfloat16_silu_formula_passes_by_default():
     """x * sigmoid(x) in bfloat16 against F.silu passes without tolerances or options."""
     def silu_ref(x):
@@ -408,7 +406,6 @@ def test_e2e_split_k_dropping_the_last_block_is_caught():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=_ENGINE_ORACLE)
 def test_e2e_split_k_float32_passes_200_examples():
     """Split-K over K in {256, 1024, 4096}: no false alarm in 200 examples."""
     correct, _ = _split_k_specs()
@@ -448,7 +445,6 @@ def _numpy_sin_specs():
     return sin_right, sin_wrong
 
 
-@pytest.mark.xfail(strict=True, reason=_ENGINE_FD)
 def test_e2e_numpy_reference_with_a_wrong_backward_is_caught_by_finite_differences():
     """A NumPy reference cannot differentiate: central differences catch -cos."""
     _, wrong = _numpy_sin_specs()
