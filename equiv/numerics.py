@@ -204,8 +204,8 @@ def _same_nonfinite(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return (torch.isnan(a) & torch.isnan(e)) | (a == e)
 
 
-def _errors(actual: torch.Tensor, oracle: torch.Tensor,
-            baseline: torch.Tensor | None) -> tuple[torch.Tensor, float | None]:
+def _errors(actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor | None,
+            baseline_nonfinite: bool = True) -> tuple[torch.Tensor, float | None]:
     """(|actual - oracle| per element, max |baseline - oracle|). Non-finite elements: 0 where
     the implementation's value equals the oracle's or the baseline's (NaN equal to NaN), inf
     otherwise; the baseline's own non-finite elements are left out of its error."""
@@ -216,7 +216,8 @@ def _errors(actual: torch.Tensor, oracle: torch.Tensor,
     if baseline is None:
         return torch.where(fin | ok, diff, math.inf), None
     b = _to64(baseline)
-    ok = ok | _same_nonfinite(a, b)
+    if baseline_nonfinite:
+        ok = ok | _same_nonfinite(a, b)
     diff = torch.where(fin | ok, diff, math.inf)
     b_fin = torch.isfinite(b) & torch.isfinite(o)
     b_err = torch.where(b_fin, (b - o).abs(), torch.zeros((), dtype=torch.float64))
@@ -241,11 +242,13 @@ def _ulp_stats(diff: torch.Tensor, oracle: torch.Tensor,
 
 def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Tensor | None, *,
           k: float = K_DEFAULTS["outputs"], floor_ulps: float = FLOOR_ULPS,
-          dtype: torch.dtype | None = None, path: str = "", why: str | None = None
-          ) -> NumericMismatch | None:
+          dtype: torch.dtype | None = None, path: str = "", why: str | None = None,
+          baseline_nonfinite: bool = True) -> NumericMismatch | None:
     """Judge one floating tensor. ``oracle`` None: fall back to the per-dtype default
     tolerance against ``baseline`` (``why`` says why, for the message). ``dtype``: the
-    implementation's (default ``actual.dtype``); shapes must agree (compare structure first)."""
+    implementation's (default ``actual.dtype``); shapes must agree (compare structure first).
+    ``baseline_nonfinite=False``: an inf/NaN the baseline shares is still an error (the
+    caller asked for the float64 answer, e.g. ``reference_dtype=torch.float64``)."""
     dtype = dtype or actual.dtype
     if oracle is None:
         return _fallback(actual, baseline, dtype=dtype, path=path, why=why)
@@ -254,7 +257,7 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
                          f"{tuple(oracle.shape)}; compare structure before judging numerics")
     if actual.numel() == 0:
         return None
-    diff, e_b = _errors(actual, oracle, baseline)
+    diff, e_b = _errors(actual, oracle, baseline, baseline_nonfinite)
     o_abs = _to64(oracle).abs()
     scale = float(torch.nan_to_num(o_abs, posinf=0.0).max())
     ulp_floor = floor_ulps * float(ulp(torch.tensor(scale, dtype=torch.float64), dtype))

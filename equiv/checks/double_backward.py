@@ -59,9 +59,8 @@ def run(ex: Execution, sink: Sink) -> None:
 
     ref, err, _ = second([r for _, _, r in pairs], r_leaves)
     if err is not None:
-        note = (f"double backward not compared: the reference's raised {type(err).__name__}: "
-                f"{str(err)[:160]}")
-        sink.note(note)
+        sink.note(f"double backward not compared: the reference's raised "
+                  f"{type(err).__name__}: {str(err)[:160]}")
         return
     imp, err, _ = second([i for _, i, _ in pairs], i_leaves)
     labels = sorted({function_label(function_class(n)) for n in
@@ -69,9 +68,8 @@ def run(ex: Execution, sink: Sink) -> None:
     who = " and ".join(labels) or "a custom Function"
     if err is not None:
         if isinstance(err, _OnceDifferentiable):
-            note = (f"double backward not supported by {who} (@once_differentiable): "
-                    "second-order gradients not compared")
-            sink.note(note)
+            sink.note(f"double backward not supported by {who} (@once_differentiable): "
+                      "second-order gradients not compared")
             return
         sink.finding(NAME, f"double backward through {who} raised "
                     f"{type(err).__name__} where the reference's did not.",
@@ -87,22 +85,7 @@ def run(ex: Execution, sink: Sink) -> None:
                 "@torch.autograd.function.once_differentiable to make that an error")
         sink.note(note)
         return
-    memo: list[Any] = []
-
-    def oracle(i: int) -> Any:  # the float64 reference's second-order gradient, on first use
-        if not memo:
-            side = ex.side(dtype=torch.float64)
-            run = reference_run(ex.spec, ex.ref_fn, side)
-            outs = [run.values.get(n) for n, _, _ in pairs]
-            leaves = [side.leaves[g.index] for g in done.pairing.groups]
-            ok = run.why is None and all(isinstance(o, torch.Tensor) and o.requires_grad
-                                         for o in outs) and None not in leaves
-            memo.append(second(outs, leaves, cast=True)[0] if ok else None)
-        if memo[0] is None:
-            return None
-        x = memo[0][i]
-        return torch.zeros(r_leaves[i].shape, dtype=torch.float64) if x is None else x
-
+    oracle = _lazy_oracle(ex, done, second, r_leaves)
     for i, (g, a, e, leaf) in enumerate(zip(done.pairing.groups, imp, ref, r_leaves)):
         name = ex.template.group_name(g)
         m = ex.judge(name, torch.zeros_like(leaf) if a is None else a,
@@ -120,6 +103,27 @@ def run(ex: Execution, sink: Sink) -> None:
                         "backward with torch ops, or decorate backward with "
                         "@torch.autograd.function.once_differentiable so double backward raises "
                         "instead of returning a wrong value.")
+
+
+def _lazy_oracle(ex: Execution, done: Any, second: Any, r_leaves: list[torch.Tensor]) -> Any:
+    """Second-order gradient ``i`` of the float64 reference, computed on first use (once)."""
+    memo: list[Any] = []
+
+    def at(i: int) -> Any:
+        if not memo:
+            side = ex.side(dtype=torch.float64)
+            run = reference_run(ex.spec, ex.ref_fn, side)
+            outs = [run.values.get(n) for n, _, _ in done.pairing.pairs]
+            leaves = [side.leaves[g.index] for g in done.pairing.groups]
+            ok = run.why is None and all(isinstance(o, torch.Tensor) and o.requires_grad
+                                         for o in outs) and None not in leaves
+            memo.append(second(outs, leaves, cast=True)[0] if ok else None)
+        if memo[0] is None:
+            return None
+        x = memo[0][i]
+        return torch.zeros(r_leaves[i].shape, dtype=torch.float64) if x is None else x
+
+    return at
 
 
 class _OnceDifferentiable(Exception):

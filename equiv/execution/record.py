@@ -490,7 +490,7 @@ class Execution:
         terms = 1.0 if group is None else summed_terms(self.template, group)
         return judge_leaf(name, actual, expected, rtol=self.spec.rtol, atol=self.spec.atol,
                           oracle=oracle, baseline=baseline, kind=kind, why=self.oracle_why,
-                          device=self.device, terms=terms)
+                          device=self.device, terms=terms, cross=self.place.cross)
 
     def oracle_why(self) -> str | None:
         """Why the oracle cannot be used (the reference raised in float64), else None."""

@@ -43,11 +43,13 @@ def _floating_pair(a: Any, e: Any) -> bool:
 def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
                atol: float | None, oracle: Lazy = None, baseline: Lazy = None,
                kind: str = "outputs", why: Callable[[], str | None] = lambda: None,
-               device: str = "cpu", terms: float = 1.0) -> Mismatch | None:
+               device: str = "cpu", terms: float = 1.0,
+               cross: bool = False) -> Mismatch | None:
     """``actual`` against ``expected`` (see the module docstring). ``oracle``/``baseline``:
     the value in the oracle's run and in the baseline's (default: ``expected``), computed only
     when needed; ``why``: why there is no oracle, for a fallback's message; ``terms``: how many
-    rounded terms each element sums (the floor grows as their square root)."""
+    rounded terms each element sums (the floor grows as their square root); ``cross``: the
+    reference was placed elsewhere (an inf/NaN only the baseline shares is an error)."""
     if rtol is not None:
         return compare_leaf(actual, expected, rtol=rtol, atol=atol, path=name)
     m = compare_leaf(actual, expected, rtol=None, atol=None, path=name)
@@ -65,7 +67,7 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
         fallback = judge_numbers(actual, None, b, dtype=actual.dtype, path=name, why=reason)
         return fallback
     found = judge_numbers(actual, o, b, k=K_DEFAULTS[kind], floor_ulps=FLOOR_ULPS_DEFAULTS[kind] * max(terms, 1.0) ** 0.5,
-                          dtype=actual.dtype, path=name)
+                          dtype=actual.dtype, path=name, baseline_nonfinite=not cross)
     if found is None:
         return None
     return dataclasses.replace(found, message=f"{found.message}\n{m.message}")
