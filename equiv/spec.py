@@ -48,6 +48,9 @@ class Spec:
     parameters: tuple[str, ...] = ()
     max_memory_ratio: float | None = None
     max_retained_bytes: int | None = None
+    # where the reference runs (equiv.numerics): a floating dtype and/or a device, or None
+    reference_dtype: Any = None
+    reference_device: str | None = None
 
     @property
     def implementation(self) -> str:
@@ -97,6 +100,8 @@ def equivalent_to(
     parameters: Sequence[str] = (),
     max_memory_ratio: float | None = None,
     max_retained_bytes: int | None = None,
+    reference_dtype: Any = None,
+    reference_device: str | None = None,
     **module_options: Any,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
@@ -112,6 +117,9 @@ def equivalent_to(
     built-in hazardous schedules; ``parameters`` names the arguments an optimizer steps.
     ``max_memory_ratio`` (implementation peak / reference peak) and ``max_retained_bytes`` (bytes
     the graph keeps alive after forward) make a memory contract.
+    ``reference_dtype``/``reference_device`` run the reference in another floating dtype or on
+    another device (e.g. ``torch.float64``, ``"cpu"``) and compare at the implementation's; they
+    win over ``check()``'s arguments and the command-line flags, like the other settings.
     ``ref`` may be an ``nn.Module`` class or instance, and then ``module_options`` (``init``,
     ``state_map``, ``input_shapes``, ``train``, ``eval``, ``repeat``) describe the pair: see
     :mod:`equiv.modules`.
@@ -122,7 +130,12 @@ def equivalent_to(
         settings=settings, name=name, variants=variants, schedules=schedules,
         parameters=parameters, max_memory_ratio=max_memory_ratio,
         max_retained_bytes=max_retained_bytes))
+    ref_dtype, ref_device = validate_reference(reference_dtype, reference_device,
+                                               "equivalent_to")
     if module_pair is not None:
+        if (ref_dtype, ref_device) != (None, None):
+            raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=) are not "
+                                  "supported for nn.Module pairs; pass them to check().")
         return module_pair
     if not callable(ref):
         raise InvalidArgument(
@@ -158,7 +171,7 @@ def equivalent_to(
         _validate_ref_signature(ref, sig, impl)
         strategy, derived = _resolve_inputs(inputs, sig, impl)
         exs = _validate_examples(examples, sig, impl)
-        kinds = validate_variants(variants, _qualname(impl))
+        kinds = validate_variants(variants, _qualname(impl), derived)
         scheds, params = validate_options(sig, _qualname(impl), schedules, parameters,
                                           max_memory_ratio, max_retained_bytes)
         spec = Spec(
@@ -169,6 +182,7 @@ def equivalent_to(
             schedules=scheds, parameters=params,
             max_memory_ratio=None if max_memory_ratio is None else float(max_memory_ratio),
             max_retained_bytes=max_retained_bytes,
+            reference_dtype=ref_dtype, reference_device=ref_device,
         )
         try:
             impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
@@ -181,6 +195,24 @@ def equivalent_to(
         return impl
 
     return decorate
+
+
+def validate_reference(dtype: Any, device: Any, where: str) -> tuple[Any, str | None]:
+    """A floating ``torch.dtype`` (or its name, ``"float64"``) and a device name, or None."""
+    import torch
+
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, dtype)
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise InvalidArgument(f"{where}(reference_dtype={dtype!r}): give a floating torch.dtype, "
+                              "e.g. torch.float64.")
+    if device is not None:
+        try:
+            device = str(torch.device(device))
+        except (RuntimeError, TypeError) as e:
+            raise InvalidArgument(f"{where}(reference_device={device!r}): {e}; give a torch "
+                                  "device name such as 'cpu' or 'cuda'.") from None
+    return dtype, device
 
 
 def _callable_target(impl: Any) -> Any:

@@ -12,8 +12,11 @@ Switched per spec with ``equivalent_to(..., variants=...)``:
   and device, may become one tensor in two slots or two overlapping views of one base.
 - ``"aliasing-mutated"``: the same, also for declared mutated arguments (and expanded layouts
   for them: a stride-0 argument overlaps itself).
-- ``"half"``: every float32/float64 tensor argument cast to float16 or bfloat16 (opt-in: the
-  default tolerances of half dtypes are tight for kernels that round differently).
+- ``"half"``: every float32/float64 tensor argument rounded once to float16 or bfloat16
+  (:func:`equiv.numerics.round_to`; both sides get the same values). On by default for inputs
+  derived from the signature: half results are judged by the baseline-relative rule
+  (docs/numerics.md). A kernel that refuses a dtype with the same error as its reference
+  rejects the example (it is not a finding).
 
 For a mutated argument made expanded or aliased, the rule is "must raise or match": the
 implementation may raise (torch refuses in-place writes into overlapping memory), otherwise its
@@ -31,6 +34,7 @@ from hypothesis import strategies as st
 
 from equiv._args import Args, as_args
 from equiv._options import DEFAULT_VARIANTS, VARIANT_KINDS, validate_variants
+from equiv.numerics import round_to
 from equiv.strategies import layouts
 
 __all__ = ["DEFAULT_VARIANTS", "VARIANT_KINDS", "NO_VARIANT", "Variant", "excused",
@@ -118,7 +122,7 @@ def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
                 return example, NO_VARIANT
             for n in cast:
                 t = values[n]
-                values[n] = t.detach().to(dtype).requires_grad_(t.requires_grad)
+                values[n] = round_to(t.detach(), dtype).requires_grad_(t.requires_grad)
             text = f"{', '.join(cast)} cast to {choice}"
             raising = overlaps = False
         elif choice in ("same", "overlapping"):
