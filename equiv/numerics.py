@@ -258,11 +258,10 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
     if actual.numel() == 0:
         return None
     diff, e_b = _errors(actual, oracle, baseline, baseline_nonfinite)
-    o_abs = _to64(oracle).abs()
-    scale = float(torch.nan_to_num(o_abs, posinf=0.0).max())
-    ulp_floor = floor_ulps * float(ulp(torch.tensor(scale, dtype=torch.float64), dtype))
+    o_abs = torch.nan_to_num(_to64(oracle).abs(), posinf=0.0)
+    ulp_floor = floor_ulps * ulp(o_abs, dtype)
     rtol, atol = dtype_tolerance(dtype)
-    floor = torch.clamp(atol + rtol * torch.nan_to_num(o_abs, posinf=0.0), min=ulp_floor)
+    floor = torch.maximum(atol + rtol * o_abs, ulp_floor)
     allowed = k * (e_b or 0.0) + floor
     bad = diff > allowed
     if not bool(bad.any()):
@@ -274,7 +273,8 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
     m = NumericMismatch(
         path=path, message="", max_abs=float(diff.max()), max_rel=None, index=index,
         rule="baseline", dtype=_SHORT.get(dtype, str(dtype)), impl_error=float(diff.max()),
-        baseline_error=e_b, allowed=float(allowed.reshape(-1)[flat]), k=k, floor=ulp_floor,
+        baseline_error=e_b, allowed=float(allowed.reshape(-1)[flat]), k=k,
+        floor=float(ulp_floor.reshape(-1)[flat]),
         floor_ulps=floor_ulps, floor_at=float(floor.reshape(-1)[flat]), ulp_max=u_max,
         baseline_ulp_max=b_ulp, ulp_p99=u_p99, elements=diff.numel(),
         mismatched=int(bad.sum()))

@@ -13,8 +13,10 @@ Switched per spec with ``equivalent_to(..., variants=...)``:
 - ``"aliasing-mutated"``: the same, also for declared mutated arguments (and expanded layouts
   for them: a stride-0 argument overlaps itself).
 - ``"half"``: every float32/float64 tensor argument rounded once to float16 or bfloat16
-  (:func:`equiv.numerics.round_to`; both sides get the same values). On by default for inputs
-  derived from the signature: half results are judged by the baseline-relative rule
+  (:func:`equiv.numerics.round_to`; both sides get the same values).
+- ``"half-float32"``: the same for float32 arguments only (a float64 dtype, in
+  ``settings(dtypes=...)`` or ``inputs=``, is deliberate). On by default for inputs derived
+  from the signature: half results are judged by the baseline-relative rule
   (docs/numerics.md). A kernel that refuses a dtype with the same error as its reference
   rejects the example (it is not a finding).
 
@@ -87,8 +89,9 @@ def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
         options += list(_LAYOUT_CHOICES)
     if "aliasing" in kinds or "aliasing-mutated" in kinds:
         options += ["same", "overlapping"]
-    if "half" in kinds:
+    if "half" in kinds or "half-float32" in kinds:
         options += ["float16", "bfloat16"]
+    halved = (torch.float32, torch.float64) if "half" in kinds else (torch.float32,)
     # the variant is the first choice (Hypothesis varies a test case's first choices most), with
     # fixed weights; index 0 (no variant) is the shrink target
     table = [o for o in options for _ in range(_CHOICE_WEIGHTS[o])]
@@ -117,7 +120,7 @@ def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
             return example, NO_VARIANT
         if choice in ("float16", "bfloat16"):
             dtype = getattr(torch, choice)
-            cast = [n for n in names if values[n].dtype in (torch.float32, torch.float64)]
+            cast = [n for n in names if values[n].dtype in halved]
             if not cast:
                 return example, NO_VARIANT
             for n in cast:

@@ -334,7 +334,7 @@ def test_variants_option_is_normalised():
     from equiv.strategies import tensors
 
     g = equivalent_to(double_ref)(lambda x: x * 2)  # derived inputs: half examples too
-    assert g.__equiv_spec__.variants == ("layouts", "aliasing", "half")
+    assert g.__equiv_spec__.variants == ("layouts", "aliasing", "half-float32")
     h = equivalent_to(double_ref, inputs=st.tuples(tensors(shape=(2,))))(lambda x: x * 2)
     assert h.__equiv_spec__.variants == ("layouts", "aliasing")
 
