@@ -243,12 +243,15 @@ def _ulp_stats(diff: torch.Tensor, oracle: torch.Tensor,
 def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Tensor | None, *,
           k: float = K_DEFAULTS["outputs"], floor_ulps: float = FLOOR_ULPS,
           dtype: torch.dtype | None = None, path: str = "", why: str | None = None,
-          baseline_nonfinite: bool = True) -> NumericMismatch | None:
+          baseline_nonfinite: bool = True,
+          magnitude: torch.Tensor | None = None) -> NumericMismatch | None:
     """Judge one floating tensor. ``oracle`` None: fall back to the per-dtype default
     tolerance against ``baseline`` (``why`` says why, for the message). ``dtype``: the
     implementation's (default ``actual.dtype``); shapes must agree (compare structure first).
     ``baseline_nonfinite=False``: an inf/NaN the baseline shares is still an error (the
-    caller asked for the float64 answer, e.g. ``reference_dtype=torch.float64``)."""
+    caller asked for the float64 answer, e.g. ``reference_dtype=torch.float64``).
+    ``magnitude``: per element, the size of the terms the value sums (``sum |term|``; the ULP
+    floor is taken there when it exceeds ``|oracle|``: cancellation keeps the terms' rounding)."""
     dtype = dtype or actual.dtype
     if oracle is None:
         return _fallback(actual, baseline, dtype=dtype, path=path, why=why)
@@ -259,7 +262,9 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
         return None
     diff, e_b = _errors(actual, oracle, baseline, baseline_nonfinite)
     o_abs = torch.nan_to_num(_to64(oracle).abs(), posinf=0.0)
-    ulp_floor = floor_ulps * ulp(o_abs, dtype)
+    scale = o_abs if magnitude is None else torch.maximum(o_abs, _to64(magnitude).reshape(
+        o_abs.shape))
+    ulp_floor = floor_ulps * ulp(scale, dtype)
     rtol, atol = dtype_tolerance(dtype)
     floor = torch.maximum(atol + rtol * o_abs, ulp_floor)
     allowed = k * (e_b or 0.0) + floor

@@ -68,7 +68,7 @@ def _first_backward(ex: Any, sink: Sink) -> None:
         sink.finding(NAME, headline, argument=name, mismatch=m, exact=True, fix=fix)
     for i, (g, a, e) in enumerate(zip(pairing.groups, b.grads, ref)):
         name = ex.template.group_name(g)
-        m = ex.judge(name, a, e, kind="gradients", group=g, oracle=lambda i=i: _at(ex.oracle_grads(1), i),
+        m = ex.judge(name, a, e, kind="gradients", group=g, cotangent=1, oracle=lambda i=i: _at(ex.oracle_grads(1), i),
                      baseline=lambda i=i: _at(ex.baseline_grads(1), i))
         if m is not None:
             sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "

@@ -52,7 +52,7 @@ def _repeat(ex: Any, sink: Sink) -> None:
         return
     oracle, baseline = ex.oracle_grads, ex.baseline_grads
     for i, (name, a, e) in enumerate(zip(names, b3.grads, ref2)):
-        m = ex.judge(name, a, e, kind="gradients", group=pairing.groups[i],
+        m = ex.judge(name, a, e, kind="gradients", group=pairing.groups[i], cotangent=2,
                      oracle=lambda i=i: None if oracle(2) is None else oracle(2)[i],
                      baseline=lambda i=i: None if baseline(2) is None else baseline(2)[i])
         if m is not None:

@@ -25,6 +25,7 @@ from equiv.execution.verdict import (
     judge_leaf,
     named_values,
     summed_terms,
+    term_magnitude,
 )
 from equiv.memory import measure
 from equiv.numerics import NumericMismatch, oracle_dtype
@@ -479,18 +480,34 @@ class Execution:
         return result
 
     def judge(self, name: str, actual: Any, expected: Any, *, oracle: Any = None,
-              baseline: Any = None, kind: str = "outputs",
-              group: Any = None) -> Mismatch | None:
+              baseline: Any = None, kind: str = "outputs", group: Any = None,
+              cotangent: int | None = None) -> Mismatch | None:
         """Compare one value with the reference's ``expected`` the way every check does: the
         spec's ``rtol``/``atol`` when set, else the per-dtype default and, where that rejects a
         floating value, the baseline-relative rule against ``oracle`` (a tensor or a callable;
         see :mod:`equiv.execution.verdict`). ``kind``: ``"outputs"``, ``"gradients"`` or
         ``"second-order"`` (the rule's ``k``); ``group``: the storage group of a gradient
-        (an expanded argument's gradient sums many terms: a larger floor)."""
+        (an expanded argument's gradient sums many terms: a larger floor, taken at the size
+        of the terms when ``cotangent`` (1 or 2) names the record's cotangent)."""
         terms = 1.0 if group is None else summed_terms(self.template, group)
+        magnitude = None if cotangent is None or group is None else (
+            lambda: self.oracle_terms(cotangent, group))
         return judge_leaf(name, actual, expected, rtol=self.spec.rtol, atol=self.spec.atol,
                           oracle=oracle, baseline=baseline, kind=kind, why=self.oracle_why,
-                          device=self.device, terms=terms, cross=self.place.cross)
+                          device=self.device, terms=terms, cross=self.place.cross,
+                          magnitude=magnitude)
+
+    def oracle_terms(self, n: int, group: Any) -> torch.Tensor | None:
+        """``sum |term|`` of the oracle's gradient for cotangent ``n`` per storage element of
+        an overlapping ``group`` (:func:`~equiv.execution.verdict.term_magnitude`)."""
+        run = self.oracle()
+        outs = [run.values.get(name) for name, _, _ in self.pairing().pairs]
+        if run.side is None or not all(isinstance(o, torch.Tensor) and o.requires_grad
+                                       for o in outs):
+            return None
+        cots = [c.detach().to(device=o.device, dtype=o.dtype)
+                for c, o in zip(self.cotangents()[n - 1], outs)]
+        return term_magnitude(self.template, group, run.side, outs, cots)
 
     def oracle_why(self) -> str | None:
         """Why the oracle cannot be used (the reference raised in float64), else None."""

@@ -44,12 +44,13 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
                atol: float | None, oracle: Lazy = None, baseline: Lazy = None,
                kind: str = "outputs", why: Callable[[], str | None] = lambda: None,
                device: str = "cpu", terms: float = 1.0,
-               cross: bool = False) -> Mismatch | None:
+               cross: bool = False, magnitude: Lazy = None) -> Mismatch | None:
     """``actual`` against ``expected`` (see the module docstring). ``oracle``/``baseline``:
     the value in the oracle's run and in the baseline's (default: ``expected``), computed only
     when needed; ``why``: why there is no oracle, for a fallback's message; ``terms``: how many
     rounded terms each element sums (the floor grows as their square root); ``cross``: the
-    reference was placed elsewhere (an inf/NaN only the baseline shares is an error)."""
+    reference was placed elsewhere (an inf/NaN only the baseline shares is an error);
+    ``magnitude``: the size of the summed terms per element (see :func:`term_magnitude`)."""
     if rtol is not None:
         return compare_leaf(actual, expected, rtol=rtol, atol=atol, path=name)
     m = compare_leaf(actual, expected, rtol=None, atol=None, path=name)
@@ -66,8 +67,10 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
         reason = why() or "the float64 reference has no value to compare this one with"
         fallback = judge_numbers(actual, None, b, dtype=actual.dtype, path=name, why=reason)
         return fallback
-    found = judge_numbers(actual, o, b, k=K_DEFAULTS[kind], floor_ulps=FLOOR_ULPS_DEFAULTS[kind] * max(terms, 1.0) ** 0.5,
-                          dtype=actual.dtype, path=name, baseline_nonfinite=not cross)
+    size = _get(magnitude) if terms > 1 else None  # sum |term|: the floor is taken there
+    ulps = FLOOR_ULPS_DEFAULTS[kind] * (1.0 if size is not None else max(terms, 1.0) ** 0.5)
+    found = judge_numbers(actual, o, b, k=K_DEFAULTS[kind], floor_ulps=ulps, dtype=actual.dtype,
+                          path=name, baseline_nonfinite=not cross, magnitude=size)
     if found is None:
         return None
     return dataclasses.replace(found, message=f"{found.message}\n{m.message}")
@@ -176,3 +179,26 @@ def summed_terms(template: Template, group: Any) -> float:
             n *= d
         total += n
     return total / max(group.values.numel(), 1)
+
+
+def term_magnitude(template: Template, group: Any, side: Side, outs: list[torch.Tensor],
+                   cots: list[torch.Tensor]) -> torch.Tensor | None:
+    """``sum |term|`` per storage element of an overlapping (e.g. expanded) ``group``: the
+    gradient w.r.t. each view element (a term of the storage gradient), by absolute value,
+    added up where the views share storage. None when it cannot be taken."""
+    if group.simple:
+        return None
+    views = [side.tensors[j] for j in group.slots]
+    try:
+        grads = torch.autograd.grad(outs, views, cots, retain_graph=True, allow_unused=True)
+    except RuntimeError:
+        return None
+    out = torch.zeros(group.values.numel(), dtype=torch.float64)
+    positions = torch.arange(group.values.numel())
+    for j, g in zip(group.slots, grads):
+        if g is None:
+            continue
+        s = template.slots[j]
+        idx = positions.as_strided(s.size, s.stride, s.offset).reshape(-1)
+        out.index_add_(0, idx, g.detach().abs().to("cpu", torch.float64).reshape(-1))
+    return out
