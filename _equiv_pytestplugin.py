@@ -36,6 +36,12 @@ def pytest_addoption(parser: Any) -> None:
                     metavar="MODULE",
                     help="collect the @equivalent_to specs of this dotted module or .py file "
                          "(repeatable; ini: equiv_modules)")
+    group.addoption("--equiv-reference-dtype", default=None, metavar="DTYPE",
+                    help="run references in this floating dtype, e.g. float64 (a spec's own "
+                         "reference_dtype= wins)")
+    group.addoption("--equiv-reference-device", default=None, metavar="DEVICE",
+                    help="run references on this device, e.g. cpu (a spec's own "
+                         "reference_device= wins)")
     group.addoption("--equiv-report", default=None, metavar="PATH",
                     help="write a JSON report of the equiv items (docs/report-schema.md)")
     group.addoption("--equiv-html", default=None, metavar="PATH",
@@ -226,6 +232,30 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list) -> Non
         from equiv.pytest import _collect_modules
 
         items.extend(_collect_modules(session, state))
+    _place_references(config, items)
+
+
+def _place_references(config: Any, items: list) -> None:
+    """--equiv-reference-dtype/--equiv-reference-device: the reference placement of every equiv
+    item whose spec does not set its own."""
+    dtype, device = (config.getoption("equiv_reference_dtype"),
+                     config.getoption("equiv_reference_device"))
+    if dtype is None and device is None:
+        return
+    import dataclasses
+
+    from equiv import InvalidArgument
+    from equiv.spec import validate_reference
+
+    try:
+        dtype, device = validate_reference(dtype, device, "--equiv")
+    except InvalidArgument as e:
+        raise pytest.UsageError(str(e)) from None
+    for item in items:
+        spec = getattr(item, "spec", None) if _is_equiv_item(item) else None
+        if spec is not None:
+            item.spec = dataclasses.replace(spec, reference_dtype=spec.reference_dtype or dtype,
+                                            reference_device=spec.reference_device or device)
 
 
 class _ReportHooks:

@@ -6,14 +6,19 @@ from typing import Any
 
 from equiv.errors import InvalidArgument
 
-VARIANT_KINDS: tuple[str, ...] = ("layouts", "aliasing", "aliasing-mutated", "half")
+VARIANT_KINDS: tuple[str, ...] = ("layouts", "aliasing", "aliasing-mutated", "half",
+                                  "half-float32")
 DEFAULT_VARIANTS: tuple[str, ...] = ("layouts", "aliasing")
+#: the default for inputs derived from the signature: float16/bfloat16 examples as well (judged
+#: by the baseline-relative rule of equiv.numerics, so correct half kernels pass)
+DERIVED_DEFAULT_VARIANTS: tuple[str, ...] = DEFAULT_VARIANTS + ("half-float32",)
 
 
-def validate_variants(value: Any, impl: str) -> tuple[str, ...]:
-    """``True``/``None`` -> the default, ``False`` -> none, or a collection of kind names."""
+def validate_variants(value: Any, impl: str, derived: bool = False) -> tuple[str, ...]:
+    """``True``/``None`` -> the default (with ``"half-float32"`` for ``derived`` inputs), ``False`` ->
+    none, or a collection of kind names."""
     if value is None or value is True:
-        return DEFAULT_VARIANTS
+        return DERIVED_DEFAULT_VARIANTS if derived else DEFAULT_VARIANTS
     if value is False:
         return ()
     if isinstance(value, str):

@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="Hypothesis examples per spec, mode and device")
     p.add_argument("--seed", type=int, default=None, metavar="N",
                    help="seed for every run (default: random, printed)")
+    p.add_argument("--reference-dtype", default=None, metavar="DTYPE",
+                   help="run references in this floating dtype, e.g. float64 (a spec's own "
+                        "reference_dtype= wins)")
+    p.add_argument("--reference-device", default=None, metavar="DEVICE",
+                   help="run references on this device, e.g. cpu (a spec's own "
+                        "reference_device= wins)")
     p.add_argument("--json", default=None, metavar="FILE",
                    help="write the JSON report (docs/report-schema.md)")
     p.add_argument("--html", default=None, metavar="FILE",
@@ -86,6 +92,19 @@ def _parser() -> argparse.ArgumentParser:
     lab.add_argument("--open", action="store_true",
                      help="open the page in the default web browser")
     return parser
+
+
+def _placed(specs: list[Any], dtype: str | None, device: str | None) -> list[Any]:
+    """--reference-dtype/--reference-device over every spec that does not set its own."""
+    if dtype is None and device is None:
+        return specs
+    import dataclasses
+
+    from equiv.spec import validate_reference
+
+    dtype, device = validate_reference(dtype, device, "--reference")
+    return [dataclasses.replace(s, reference_dtype=s.reference_dtype or dtype,
+                                reference_device=s.reference_device or device) for s in specs]
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
@@ -115,6 +134,11 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
     if args.command == "list":
         _list(specs, out)
         return EXIT_OK
+    try:
+        specs = _placed(specs, args.reference_dtype, args.reference_device)
+    except equiv.InvalidArgument as e:
+        print(f"equiv: {e}", file=err)
+        return EXIT_USAGE
 
     overrides: dict[str, Any] = {}
     for name in ("modes", "devices", "max_examples"):

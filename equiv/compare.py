@@ -56,6 +56,13 @@ def dtype_tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
 
 
+def dtype_tolerance_overridden(dtype: torch.dtype) -> bool:
+    """True when the current run gives ``dtype`` its own tolerance (``settings(tolerances=)``):
+    that tolerance is absolute, like a spec's ``rtol``/``atol``."""
+    override = _DTYPE_TOLERANCES.get().get(dtype)
+    return override is not None and override[0] is not None
+
+
 def _flatten(tree: Any) -> tuple[list[tuple[str, Any]], Any]:
     leaves, spec = tree_flatten_with_path(tree, is_leaf=lambda x: x is None)
     return [(keystr(p), v) for p, v in leaves], spec

@@ -30,6 +30,10 @@ from equiv.compare import Mismatch, compare_leaf, dtype_tolerance
 K_DEFAULTS: Mapping[str, float] = {"outputs": 2.0, "gradients": 3.0, "second-order": 4.0}
 #: ULPs of the dtype, at the tensor's largest |oracle|, always allowed
 FLOOR_ULPS = 2.0
+#: the floor per check: a backward rounds about twice as often as its forward (and its
+#: reductions over broadcast dimensions sum rounded terms), a double backward twice again
+FLOOR_ULPS_DEFAULTS: Mapping[str, float] = {"outputs": FLOOR_ULPS, "gradients": 4.0,
+                                            "second-order": 8.0}
 #: an error within this many times (baseline error + ULP floor) is rounding, not a wrong value
 ROUNDING_FACTOR = 10.0
 #: tensors with at least this many elements get a p99 ULP figure in the message
@@ -200,8 +204,8 @@ def _same_nonfinite(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return (torch.isnan(a) & torch.isnan(e)) | (a == e)
 
 
-def _errors(actual: torch.Tensor, oracle: torch.Tensor,
-            baseline: torch.Tensor | None) -> tuple[torch.Tensor, float | None]:
+def _errors(actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor | None,
+            baseline_nonfinite: bool = True) -> tuple[torch.Tensor, float | None]:
     """(|actual - oracle| per element, max |baseline - oracle|). Non-finite elements: 0 where
     the implementation's value equals the oracle's or the baseline's (NaN equal to NaN), inf
     otherwise; the baseline's own non-finite elements are left out of its error."""
@@ -212,7 +216,8 @@ def _errors(actual: torch.Tensor, oracle: torch.Tensor,
     if baseline is None:
         return torch.where(fin | ok, diff, math.inf), None
     b = _to64(baseline)
-    ok = ok | _same_nonfinite(a, b)
+    if baseline_nonfinite:
+        ok = ok | _same_nonfinite(a, b)
     diff = torch.where(fin | ok, diff, math.inf)
     b_fin = torch.isfinite(b) & torch.isfinite(o)
     b_err = torch.where(b_fin, (b - o).abs(), torch.zeros((), dtype=torch.float64))
@@ -237,11 +242,16 @@ def _ulp_stats(diff: torch.Tensor, oracle: torch.Tensor,
 
 def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Tensor | None, *,
           k: float = K_DEFAULTS["outputs"], floor_ulps: float = FLOOR_ULPS,
-          dtype: torch.dtype | None = None, path: str = "", why: str | None = None
-          ) -> NumericMismatch | None:
+          dtype: torch.dtype | None = None, path: str = "", why: str | None = None,
+          baseline_nonfinite: bool = True,
+          magnitude: torch.Tensor | None = None) -> NumericMismatch | None:
     """Judge one floating tensor. ``oracle`` None: fall back to the per-dtype default
     tolerance against ``baseline`` (``why`` says why, for the message). ``dtype``: the
-    implementation's (default ``actual.dtype``); shapes must agree (compare structure first)."""
+    implementation's (default ``actual.dtype``); shapes must agree (compare structure first).
+    ``baseline_nonfinite=False``: an inf/NaN the baseline shares is still an error (the
+    caller asked for the float64 answer, e.g. ``reference_dtype=torch.float64``).
+    ``magnitude``: per element, the size of the terms the value sums (``sum |term|``; the ULP
+    floor is taken there when it exceeds ``|oracle|``: cancellation keeps the terms' rounding)."""
     dtype = dtype or actual.dtype
     if oracle is None:
         return _fallback(actual, baseline, dtype=dtype, path=path, why=why)
@@ -250,12 +260,13 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
                          f"{tuple(oracle.shape)}; compare structure before judging numerics")
     if actual.numel() == 0:
         return None
-    diff, e_b = _errors(actual, oracle, baseline)
-    o_abs = _to64(oracle).abs()
-    scale = float(torch.nan_to_num(o_abs, posinf=0.0).max())
-    ulp_floor = floor_ulps * float(ulp(torch.tensor(scale, dtype=torch.float64), dtype))
+    diff, e_b = _errors(actual, oracle, baseline, baseline_nonfinite)
+    o_abs = torch.nan_to_num(_to64(oracle).abs(), posinf=0.0)
+    scale = o_abs if magnitude is None else torch.maximum(o_abs, _to64(magnitude).reshape(
+        o_abs.shape))
+    ulp_floor = floor_ulps * ulp(scale, dtype)
     rtol, atol = dtype_tolerance(dtype)
-    floor = torch.clamp(atol + rtol * torch.nan_to_num(o_abs, posinf=0.0), min=ulp_floor)
+    floor = torch.maximum(atol + rtol * o_abs, ulp_floor)
     allowed = k * (e_b or 0.0) + floor
     bad = diff > allowed
     if not bool(bad.any()):
@@ -267,7 +278,8 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
     m = NumericMismatch(
         path=path, message="", max_abs=float(diff.max()), max_rel=None, index=index,
         rule="baseline", dtype=_SHORT.get(dtype, str(dtype)), impl_error=float(diff.max()),
-        baseline_error=e_b, allowed=float(allowed.reshape(-1)[flat]), k=k, floor=ulp_floor,
+        baseline_error=e_b, allowed=float(allowed.reshape(-1)[flat]), k=k,
+        floor=float(ulp_floor.reshape(-1)[flat]),
         floor_ulps=floor_ulps, floor_at=float(floor.reshape(-1)[flat]), ulp_max=u_max,
         baseline_ulp_max=b_ulp, ulp_p99=u_p99, elements=diff.numel(),
         mismatched=int(bad.sum()))

@@ -38,6 +38,15 @@ class Finding:
     reproduce: str = ""
     #: for a non-eager mode: whether eager, and the reference in this mode, diverge too
     attribution: str | None = None
+    #: the numeric verdict (equiv.numerics): "baseline" (k x the reference's own error at this
+    #: dtype + a floor, against float64) or "dtype-default" (no float64 oracle could be run);
+    #: None for other comparisons. Errors are max abs over the value, in float64.
+    rule: str | None = None
+    impl_error: float | None = None
+    baseline_error: float | None = None
+    allowed: float | None = None
+    k: float | None = None
+    rounding_level: bool | None = None
     #: events of the implementation's run under the timeline recorder (JSON-able dicts);
     #: derived evidence, so left out of ==/hash (a Finding stays hashable)
     timeline: tuple[dict[str, Any], ...] = dataclasses.field(default=(), compare=False)
@@ -74,6 +83,8 @@ class Finding:
             lines.extend("  " + ln for ln in self.details.splitlines())
         if self.max_abs is not None:
             lines.append(f"  tolerance: {tol}")
+        if self.rule is not None:
+            lines.append(f"  verdict: {self._verdict()}")
         if self.traceback:
             lines.append("  Traceback of the implementation's error:")
             lines.extend("    " + ln for ln in self.traceback.rstrip().splitlines())
@@ -96,6 +107,14 @@ class Finding:
         if self.reproduce:
             lines.append(f"Reproduce: {self.reproduce}")
         return "\n".join(lines)
+
+    def _verdict(self) -> str:
+        if self.rule == "baseline":
+            level = " (rounding-level)" if self.rounding_level else ""
+            return (f"baseline-relative (k={self.k:g}): implementation error "
+                    f"{self.impl_error:.3g} vs float64, the reference's own error "
+                    f"{self.baseline_error:.3g} at this dtype, allowed {self.allowed:.3g}{level}")
+        return "per-dtype default tolerance (no float64 oracle: see the note)"
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -82,13 +82,15 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     ``"vmap"``...) or :func:`equiv.compiled` objects; ``devices`` are run when available and
     skipped with a reason otherwise. ``reference_device``/``reference_dtype`` run the reference
     elsewhere (e.g. ``"cpu"``, ``torch.float64``) and compare its results at the
-    implementation's dtype and device, with that dtype's default tolerance.
+    implementation's dtype and device (docs/numerics.md); the spec's own
+    ``equivalent_to(reference_dtype=, reference_device=)`` win over these arguments.
     """
     spec = get_spec(impl)
     cfg = _resolve(spec, settings, max_examples=max_examples, seed=seed, checks=checks,
                    modes=modes, devices=devices)
     mode_objs = [parse_mode(m) for m in cfg.modes]  # unknown names: InvalidArgument here
-    reference = _reference_placement(reference_device, reference_dtype)
+    reference = _reference_placement(spec.reference_device or reference_device,
+                                     spec.reference_dtype or reference_dtype)
     run_seed = cfg.seed if cfg.seed is not None else (
         None if cfg.derandomize else random.SystemRandom().randrange(2**32))
     findings: list[Finding] = []

@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
+import torch
 from hypothesis.strategies import SearchStrategy
 
 from equiv._args import as_args
@@ -56,6 +57,9 @@ class Spec:
     match: str | None = None
     #: block sizes that derived inputs straddle (lengths k*b-1, k*b, k*b+1 along one dim)
     block_sizes: tuple[int, ...] = ()
+    # where the reference runs (equiv.numerics): a floating dtype and/or a device, or None
+    reference_dtype: Any = None
+    reference_device: str | None = None
 
     @property
     def implementation(self) -> str:
@@ -110,6 +114,8 @@ def equivalent_to(
     raises: type[BaseException] | None = None,
     match: str | None = None,
     block_sizes: Sequence[int] = (),
+    reference_dtype: Any = None,
+    reference_device: str | None = None,
     **module_options: Any,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
@@ -129,6 +135,9 @@ def equivalent_to(
     tensor); without an entry the reference decides. ``error_inputs`` is a strategy of examples on
     which both sides must raise; ``raises``/``match`` are the error type and message regex both
     sides' errors must have (then an example on which both raise it counts as a pass).
+    ``reference_dtype``/``reference_device`` run the reference in another floating dtype or on
+    another device (e.g. ``torch.float64``, ``"cpu"``) and compare at the implementation's; they
+    win over ``check()``'s arguments and the command-line flags, like the other settings.
     ``ref`` may be an ``nn.Module`` class or instance, and then ``module_options`` (``init``,
     ``state_map``, ``input_shapes``, ``train``, ``eval``, ``repeat``) describe the pair: see
     :mod:`equiv.modules`.
@@ -142,7 +151,12 @@ def equivalent_to(
         parameters=parameters, max_memory_ratio=max_memory_ratio,
         max_retained_bytes=max_retained_bytes, aliases=aliases, error_inputs=error_inputs,
         raises=raises, match=match, block_sizes=block_sizes))
+    ref_dtype, ref_device = validate_reference(reference_dtype, reference_device,
+                                               "equivalent_to")
     if module_pair is not None:
+        if (ref_dtype, ref_device) != (None, None):
+            raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=) are not "
+                                  "supported for nn.Module pairs; pass them to check().")
         return module_pair
     if not callable(ref):
         raise InvalidArgument(
@@ -180,7 +194,7 @@ def equivalent_to(
         _validate_ref_signature(ref, sig, impl)
         strategy, derived = _resolve_inputs(inputs, sig, impl)
         exs = _validate_examples(examples, sig, impl)
-        kinds = validate_variants(variants, _qualname(impl))
+        kinds = validate_variants(variants, _qualname(impl), derived)
         scheds, params = validate_options(sig, _qualname(impl), schedules, parameters,
                                           max_memory_ratio, max_retained_bytes)
         alias_map, err_inputs, err_type, err_match = validate_contracts(
@@ -194,7 +208,7 @@ def equivalent_to(
             max_memory_ratio=None if max_memory_ratio is None else float(max_memory_ratio),
             max_retained_bytes=max_retained_bytes, aliases=alias_map,
             error_inputs=err_inputs, raises=err_type, match=err_match,
-            block_sizes=blocks,
+            block_sizes=blocks, reference_dtype=ref_dtype, reference_device=ref_device,
         )
         try:
             impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
@@ -221,6 +235,22 @@ def _validate_block_sizes(value: Any) -> tuple[int, ...]:
             "sizes your kernel tiles by, e.g. block_sizes=(64,) or block_sizes=(16, 128)."
         )
     return tuple(sorted(set(blocks)))
+
+
+def validate_reference(dtype: Any, device: Any, where: str) -> tuple[Any, str | None]:
+    """A floating ``torch.dtype`` (or its name, ``"float64"``) and a device name, or None."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, dtype)
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise InvalidArgument(f"{where}(reference_dtype={dtype!r}): give a floating torch.dtype, "
+                              "e.g. torch.float64.")
+    if device is not None:
+        try:
+            device = str(torch.device(device))
+        except (RuntimeError, TypeError) as e:
+            raise InvalidArgument(f"{where}(reference_device={device!r}): {e}; give a torch "
+                                  "device name such as 'cpu' or 'cuda'.") from None
+    return dtype, device
 
 
 def _callable_target(impl: Any) -> Any:

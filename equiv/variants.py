@@ -14,8 +14,13 @@ Switched per spec with ``equivalent_to(..., variants=...)``:
   address, so ``data_ptr()`` cannot tell them apart from one tensor).
 - ``"aliasing-mutated"``: the same, also for declared mutated arguments (and expanded layouts
   for them: a stride-0 argument overlaps itself).
-- ``"half"``: every float32/float64 tensor argument cast to float16 or bfloat16 (opt-in: the
-  default tolerances of half dtypes are tight for kernels that round differently).
+- ``"half"``: every float32/float64 tensor argument rounded once to float16 or bfloat16
+  (:func:`equiv.numerics.round_to`; both sides get the same values).
+- ``"half-float32"``: the same for float32 arguments only (a float64 dtype, in
+  ``settings(dtypes=...)`` or ``inputs=``, is deliberate). On by default for inputs derived
+  from the signature: half results are judged by the baseline-relative rule
+  (docs/numerics.md). A kernel that refuses a dtype with the same error as its reference
+  rejects the example (it is not a finding).
 
 For a mutated argument made expanded or aliased, the rule is "must raise or match": the
 implementation may raise (torch refuses in-place writes into overlapping memory), otherwise its
@@ -37,6 +42,7 @@ from hypothesis import strategies as st
 
 from equiv._args import Args, as_args
 from equiv._options import DEFAULT_VARIANTS, VARIANT_KINDS, validate_variants
+from equiv.numerics import round_to
 from equiv.strategies import DERIVED_NOTE, layouts
 from equiv.strategies._layouts import _gap_value
 
@@ -91,7 +97,7 @@ def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
         options += list(_LAYOUT_CHOICES)
     if "aliasing" in kinds or "aliasing-mutated" in kinds:
         options += list(_ALIAS_CHOICES)
-    if "half" in kinds:
+    if "half" in kinds or "half-float32" in kinds:
         options += ["float16", "bfloat16"]
     # the variant is the first choice (Hypothesis varies a test case's first choices most), with
     # fixed weights; index 0 (no variant) is the shrink target
@@ -130,12 +136,13 @@ def _vary(draw: Any, example: Any, choice: str, signature: inspect.Signature,
         return example, NO_VARIANT
     if choice in ("float16", "bfloat16"):
         dtype = getattr(torch, choice)
-        cast = [n for n in names if values[n].dtype in (torch.float32, torch.float64)]
+        halved = (torch.float32, torch.float64) if "half" in kinds else (torch.float32,)
+        cast = [n for n in names if values[n].dtype in halved]
         if not cast:
             return example, NO_VARIANT
-        for n in cast:
+        for n in cast:  # rounded once (float64 -> half rounds twice through .to)
             t = values[n]
-            values[n] = t.detach().to(dtype).requires_grad_(t.requires_grad)
+            values[n] = round_to(t.detach(), dtype).requires_grad_(t.requires_grad)
         variant = Variant(f"{', '.join(cast)} cast to {choice}")
     elif choice in _ALIAS_CHOICES:
         variant = _alias(draw, choice, values, pairs, mutated)

@@ -16,7 +16,7 @@ from equiv.strategies import tensors
 def softplus_op(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
     torch.exp(x, out=out)  # in-place arithmetic on a private buffer
-    out.add_(1).log_()
+    out.log1p_()  # log1p, not add_(1).log_(): 1 + exp(x) rounds away exp(x)'s digits in float16
     return out
 
 

@@ -112,7 +112,9 @@ def test_finding_fields_numbers_example_and_timeline():
     f = make_doc(stale_finding())["results"][2]["findings"][0]
     assert f["check"] == "gradients" and f["kind"] == "GradientMismatch"
     assert f["numbers"] == {"max_abs": 0.77, "max_rel": 0.32, "index": [0], "rtol": 1.3e-6,
-                            "atol": 1e-5}
+                            "atol": 1e-5, "rule": None, "impl_error": None,
+                            "baseline_error": None, "allowed": None, "k": None,
+                            "rounding_level": None}
     assert f["example"]["summary"] == "scale_stale(x=f32[1] cpu grad, w=f32[1] cpu grad)"
     assert f["timeline"] == [dict(e) for e in STALE]
     assert f["message"].startswith("GradientMismatch: gradient w.r.t. 'x'")

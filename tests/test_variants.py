@@ -285,7 +285,7 @@ HALF = ("layouts", "aliasing", "half")
 
 
 def test_float16_bug_is_caught():
-    """With the opt-in "half" variant (derived inputs are float32/float64 by default)."""
+    """With the "half" variant (on by default for derived inputs)."""
     @equivalent_to(double_ref, variants=HALF)
     def double(x):
         if x.dtype == torch.float16:
@@ -331,8 +331,14 @@ def test_bad_variants_option_fails_at_decoration(value, match):
 def test_variants_option_is_normalised():
     f = equivalent_to(double_ref, variants="layouts")(lambda x: x * 2)
     assert f.__equiv_spec__.variants == ("layouts",)
-    g = equivalent_to(double_ref)(lambda x: x * 2)
-    assert g.__equiv_spec__.variants == ("layouts", "aliasing")
+    from hypothesis import strategies as st
+
+    from equiv.strategies import tensors
+
+    g = equivalent_to(double_ref)(lambda x: x * 2)  # derived inputs: half examples too
+    assert g.__equiv_spec__.variants == ("layouts", "aliasing", "half-float32")
+    h = equivalent_to(double_ref, inputs=st.tuples(tensors(shape=(2,))))(lambda x: x * 2)
+    assert h.__equiv_spec__.variants == ("layouts", "aliasing")
 
 
 def test_raising_on_a_variant_of_an_unmutated_argument_is_a_finding():

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from equiv.compare import compare_leaf
 from equiv.execution.calls import cotangent, format_tb
 from equiv.execution.graph import (
     function_class,
@@ -19,7 +18,7 @@ from equiv.execution.graph import (
     graph_nodes,
     is_delayed_error,
 )
-from equiv.execution.record import Execution, Sink
+from equiv.execution.record import Execution, Sink, reference_run
 
 NAME = "double-backward"
 
@@ -35,15 +34,18 @@ def run(ex: Execution, sink: Sink) -> None:
     i_leaves = ex.leaves("impl", done.pairing, done.impl_side)
     vs = [cotangent(leaf, gen) for leaf in r_leaves]
 
-    def second(outs: list[torch.Tensor], leaves: list[torch.Tensor]) -> tuple[Any, Any, bool]:
+    def second(outs: list[torch.Tensor], leaves: list[torch.Tensor],
+               cast: bool = False) -> tuple[Any, Any, bool]:
         # cotangents that require grad: only then does a @once_differentiable backward hang its
         # results off an error node (without, they silently have no history)
-        given = [c.clone().requires_grad_() for c in cots]
+        cs = [c.to(o.dtype) for c, o in zip(cots, outs)] if cast else cots
+        vv = [v.to(leaf.dtype) for v, leaf in zip(vs, leaves)] if cast else vs
+        given = [c.clone().requires_grad_() for c in cs]
         try:
             first = torch.autograd.grad(outs, leaves, given, create_graph=True, allow_unused=True)
         except Exception as e:  # the user's backward raised
             return None, e, False
-        live = [(g, v) for g, v in zip(first, vs) if g is not None and g.requires_grad]
+        live = [(g, v) for g, v in zip(first, vv) if g is not None and g.requires_grad]
         if any(is_delayed_error(n) for n in graph_nodes([g for g, _ in live])):
             return None, _OnceDifferentiable(), False
         if not live:
@@ -57,9 +59,8 @@ def run(ex: Execution, sink: Sink) -> None:
 
     ref, err, _ = second([r for _, _, r in pairs], r_leaves)
     if err is not None:
-        note = (f"double backward not compared: the reference's raised {type(err).__name__}: "
-                f"{str(err)[:160]}")
-        sink.note(note)
+        sink.note(f"double backward not compared: the reference's raised "
+                  f"{type(err).__name__}: {str(err)[:160]}")
         return
     imp, err, _ = second([i for _, i, _ in pairs], i_leaves)
     labels = sorted({function_label(function_class(n)) for n in
@@ -67,9 +68,8 @@ def run(ex: Execution, sink: Sink) -> None:
     who = " and ".join(labels) or "a custom Function"
     if err is not None:
         if isinstance(err, _OnceDifferentiable):
-            note = (f"double backward not supported by {who} (@once_differentiable): "
-                    "second-order gradients not compared")
-            sink.note(note)
+            sink.note(f"double backward not supported by {who} (@once_differentiable): "
+                      "second-order gradients not compared")
             return
         sink.finding(NAME, f"double backward through {who} raised "
                     f"{type(err).__name__} where the reference's did not.",
@@ -85,11 +85,12 @@ def run(ex: Execution, sink: Sink) -> None:
                 "@torch.autograd.function.once_differentiable to make that an error")
         sink.note(note)
         return
-    for g, a, e, leaf in zip(done.pairing.groups, imp, ref, r_leaves):
+    oracle = _lazy_oracle(ex, done, second, r_leaves)
+    for i, (g, a, e, leaf) in enumerate(zip(done.pairing.groups, imp, ref, r_leaves)):
         name = ex.template.group_name(g)
-        m = compare_leaf(torch.zeros_like(leaf) if a is None else a,
-                              torch.zeros_like(leaf) if e is None else e,
-                              rtol=ex.spec.rtol, atol=ex.spec.atol, path=name)
+        m = ex.judge(name, torch.zeros_like(leaf) if a is None else a,
+                     torch.zeros_like(leaf) if e is None else e, kind="second-order", group=g,
+                     oracle=lambda i=i: oracle(i))
         if m is None:
             continue
         sink.finding(NAME, f"second-order gradient (double backward) w.r.t. "
@@ -102,6 +103,27 @@ def run(ex: Execution, sink: Sink) -> None:
                         "backward with torch ops, or decorate backward with "
                         "@torch.autograd.function.once_differentiable so double backward raises "
                         "instead of returning a wrong value.")
+
+
+def _lazy_oracle(ex: Execution, done: Any, second: Any, r_leaves: list[torch.Tensor]) -> Any:
+    """Second-order gradient ``i`` of the float64 reference, computed on first use (once)."""
+    memo: list[Any] = []
+
+    def at(i: int) -> Any:
+        if not memo:
+            side = ex.side(dtype=torch.float64)
+            run = reference_run(ex.spec, ex.ref_fn, side)
+            outs = [run.values.get(n) for n, _, _ in done.pairing.pairs]
+            leaves = [side.leaves[g.index] for g in done.pairing.groups]
+            ok = run.why is None and all(isinstance(o, torch.Tensor) and o.requires_grad
+                                         for o in outs) and None not in leaves
+            memo.append(second(outs, leaves, cast=True)[0] if ok else None)
+        if memo[0] is None:
+            return None
+        x = memo[0][i]
+        return torch.zeros(r_leaves[i].shape, dtype=torch.float64) if x is None else x
+
+    return at
 
 
 class _OnceDifferentiable(Exception):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from equiv.compare import compare_leaf, compare_trees
+from equiv._compat import tree_flatten
+from equiv.compare import Mismatch, compare_leaf, compare_trees
+from equiv.execution.calls import leaves
 from equiv.execution.record import Sink
 
 NAME = "forward"
@@ -25,8 +27,23 @@ def run(ex: Any, sink: Sink) -> None:
         return
     if ex.impl_result is None and ex.consumed:
         return  # an in-place implementation returning nothing: all is in its arguments
-    for m in compare_trees(ex.impl_result, ex.expected, rtol=spec.rtol, atol=spec.atol):
+    for m in _outputs(ex):
         sink.finding(NAME, f"{m.path} differs from the reference.", argument=m.path, mismatch=m)
+
+
+def _outputs(ex: Any) -> list[Mismatch]:
+    """Each returned leaf judged against the reference's (structure first, exactly)."""
+    actual, expected = leaves(ex.impl_result), leaves(ex.expected)
+    if _structure(ex.impl_result) != _structure(ex.expected):
+        return compare_trees(ex.impl_result, ex.expected, rtol=ex.spec.rtol, atol=ex.spec.atol)
+    out = []
+    for (p, a), (_, e) in zip(actual, expected):
+        name = f"output{p}"
+        m = ex.judge(name, a, e, oracle=lambda n=name: ex.oracle_value(n),
+                     baseline=lambda n=name: ex.baseline_value(n))
+        if m is not None:
+            out.append(m)
+    return out
 
 
 def _jvp(ex: Any, sink: Sink) -> None:
@@ -39,3 +56,7 @@ def _jvp(ex: Any, sink: Sink) -> None:
         if m is not None:
             sink.finding(NAME, f"{name} under jvp differs from the reference's.", argument=name,
                          mismatch=m)
+
+
+def _structure(tree: Any) -> Any:
+    return tree_flatten(tree, is_leaf=lambda x: x is None)[1]

@@ -12,6 +12,7 @@ from equiv.compare import compare_leaf
 from equiv.execution.calls import format_tb
 from equiv.execution.graph import slot_explanation
 from equiv.execution.record import Sink, cotangent_written
+from equiv.execution.verdict import fd_message
 from equiv.execution.script import explain_backwards
 
 NAME = "gradients"
@@ -33,7 +34,7 @@ def run(ex: Any, sink: Sink) -> None:
         return
     first = len(sink.findings)
     _first_backward(ex, sink)
-    if len(sink.findings) > first:
+    if len(sink.findings) > first and not _rounding(sink, first):
         explain_backwards(ex, sink, first)
         if ex.function_nodes():
             _function_words(sink, first)
@@ -46,11 +47,13 @@ def _first_backward(ex: Any, sink: Sink) -> None:
                      "reference's does: the gradient flow is cut.", argument=name,
                      likely_cause=_CUT_CAUSE, fix=_CUT_FIX)
     if not pairing.ok:
+        if not pairing.pairs:
+            _finite_differences(ex, sink, None)
         return
     ref, err = ex.ref_grads(1)
     if err is not None:
-        sink.note(f"reference backward raised {type(err).__name__}: {str(err)[:200]}; "
-                  "gradients not compared")
+        _finite_differences(ex, sink, f"reference backward raised {type(err).__name__}: "
+                                      f"{str(err)[:200]}")
         return
     b = ex.backward(1)
     if b.error is not None:
@@ -63,12 +66,41 @@ def _first_backward(ex: Any, sink: Sink) -> None:
         return
     for name, headline, m, fix in cotangent_written(ex, b, 1):
         sink.finding(NAME, headline, argument=name, mismatch=m, exact=True, fix=fix)
-    for g, a, e in zip(pairing.groups, b.grads, ref):
+    for i, (g, a, e) in enumerate(zip(pairing.groups, b.grads, ref)):
         name = ex.template.group_name(g)
-        m = compare_leaf(a, e, rtol=ex.spec.rtol, atol=ex.spec.atol, path=name)
+        m = ex.judge(name, a, e, kind="gradients", group=g, cotangent=1, oracle=lambda i=i: _at(ex.oracle_grads(1), i),
+                     baseline=lambda i=i: _at(ex.baseline_grads(1), i))
         if m is not None:
             sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "
                          "backward #1.", argument=name, mismatch=m)
+
+
+def _at(values: list[Any] | None, i: int) -> Any:
+    return None if values is None else values[i]
+
+
+def _rounding(sink: Sink, first: int) -> bool:
+    """Every new finding is a rounding-level numeric one: no replay explains a precision bug."""
+    return all(f.rounding_level for f in sink.findings[first:])
+
+
+def _finite_differences(ex: Any, sink: Sink, why: str | None) -> None:
+    """The reference cannot differentiate (its backward raised, or its result has no autograd
+    history: NumPy, a detached result): the implementation's VJP against central differences
+    of the reference in float64 (:mod:`equiv.numerics`), else a note."""
+    fd, detail = ex.finite_differences()
+    if fd is None:
+        if why is not None or detail is not None:
+            sink.note(f"gradients not compared: {why or 'the reference does not differentiate'}"
+                      f" and {detail}")
+        return
+    if not fd.ok:
+        sink.finding(NAME, "the implementation's vector-Jacobian product disagrees with finite "
+                     "differences of the reference (which cannot differentiate"
+                     + (": " + why if why else ": its result has no autograd history") + ").",
+                     details=fd_message(fd),
+                     fix="check the backward formula (sign, scale, a missing term) against the "
+                         "reference's derivative.")
 
 
 def _function_words(sink: Sink, first: int) -> None:

@@ -17,8 +17,19 @@ from equiv.execution.calls import brief, call, cast_like, cotangent, detached_cl
 from equiv.execution.calls import leaves as leaves_of
 from equiv.execution.calls import vjp
 from equiv.execution.graph import function_nodes
+from equiv.execution.verdict import (
+    FD_MAX_ELEMENTS,
+    fd_check,
+    fd_plan,
+    fd_reference,
+    judge_leaf,
+    named_values,
+    summed_terms,
+    term_magnitude,
+)
 from equiv.memory import measure, retained
 from equiv.modes import normalise_error
+from equiv.numerics import NumericMismatch, oracle_dtype
 from equiv.report import Finding
 from equiv.spec import Spec
 
@@ -60,6 +71,7 @@ class Sink:
                 exact: bool = False, timeline: tuple[dict[str, Any], ...] = ()) -> None:
         if check not in self.cfg.checks:
             return
+        numbers = self._numbers(check, mismatch)
         self.findings.append(Finding(
             check=check, headline=headline, spec=self.spec.name,
             implementation=self.spec.implementation, reference=self.spec.reference,
@@ -69,8 +81,19 @@ class Sink:
             max_rel=mismatch.max_rel if mismatch else None,
             index=mismatch.index if mismatch else None,
             rtol=0.0 if exact else self.spec.rtol, atol=0.0 if exact else self.spec.atol,
-            traceback=tb, fix=fix, likely_cause=likely_cause, timeline=timeline,
+            traceback=tb, fix=fix, likely_cause=likely_cause, timeline=timeline, **numbers,
         ))
+
+    def _numbers(self, check: str, m: Mismatch | None) -> dict[str, Any]:
+        """The numeric verdict's fields of a finding (and a note when it fell back)."""
+        if not isinstance(m, NumericMismatch):
+            return {}
+        if m.rule == "dtype-default":
+            self.note(f"{check}: no float64 oracle ({m.why}); compared with the per-dtype "
+                      "default tolerance")
+        return dict(rule=m.rule, impl_error=m.impl_error, baseline_error=m.baseline_error,
+                    allowed=None if m.rule != "baseline" else m.allowed, k=m.k,
+                    rounding_level=m.rounding_level)
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -142,6 +165,41 @@ def pair(template: Template, impl_side: Side, impl_out: Any, ref_side: Side, ref
     groups = [g for g in template.groups
               if impl_side.leaves[g.index] is not None and ref_side.leaves[g.index] is not None]
     return Pairing(kept, [n for n, _, _ in cut], groups)
+
+
+@dataclasses.dataclass
+class RefRun:
+    """The reference run once more on the example's values at another dtype or device: the
+    oracle (float64) or, for a reference placed elsewhere, the baseline (the implementation's
+    dtype and device). ``values``: its differentiated values by pairing name."""
+
+    side: Side | None
+    result: Any = None
+    exc: BaseException | None = None
+    finals: dict[str, Any] = dataclasses.field(default_factory=dict)
+    values: dict[str, Any] = dataclasses.field(default_factory=dict)
+    why: str | None = None  # why it cannot serve (the reference raised)
+
+
+def reference_run(spec: Spec, fn: Callable[..., Any], side: Side,
+                  result: Any = None, exc: BaseException | None = None,
+                  called: bool = False) -> RefRun:
+    """``fn`` (the reference) on ``side`` (unless ``called``: its ``result``/``exc``), split."""
+    if not called:
+        result, exc = call(fn, side)
+    run = RefRun(side, result, exc)
+    if exc is not None:
+        dtype = next((t.dtype for t in side.tensors if t.dtype.is_floating_point), None)
+        run.why = (f"the reference raised {type(exc).__name__} in "
+                   f"{str(dtype).replace('torch.', '')}: {str(exc)[:120]}")
+        return run
+    try:
+        expected, run.finals, consumed = split(spec, result)
+    except ReferenceError_ as e:
+        run.why = str(e)[:160]
+        return run
+    run.values = named_values(expected, run.finals, consumed)
+    return run
 
 
 @dataclasses.dataclass
@@ -307,6 +365,188 @@ class Execution:
             self._backwards.append(Backward(grads, err, given, cot))
         return self._backwards[k - 1]
 
+    # -- numerics: the oracle and the baseline (equiv.numerics, equiv.execution.verdict) -------
+    def oracle(self) -> RefRun:
+        """The reference once more on the same values in float64 (float32 where the device has
+        none), on its own device; cached, run at most once, only when a value needs it. The
+        reference run itself when it already ran in that dtype (``reference_dtype``)."""
+        if "oracle" not in self.cache:
+            device = self.place.ref_device or self.place.device
+            dtype = oracle_dtype(torch.float32, device)
+            if self.place.ref_dtype == dtype and self.ref_side is not None:
+                run = reference_run(self.spec, self.ref_fn, self.ref_side, self.ref_result,
+                                    self.ref_exc, called=True)
+            else:
+                side = self.template.instantiate(device=device, dtype=dtype)
+                run = reference_run(self.spec, self.ref_fn, side)
+            self.cache["oracle"] = run
+        return self.cache["oracle"]
+
+    def baseline(self) -> RefRun | None:
+        """The reference at the implementation's dtype and device: None when that is the
+        record's own reference run; with ``reference_dtype``/``reference_device``, one more
+        call (cached)."""
+        if not self.place.cross:
+            return None
+        if "baseline" not in self.cache:
+            side = self.template.instantiate(device=self.place.device)
+            self.cache["baseline"] = reference_run(self.spec, self.ref_fn, side)
+        return self.cache["baseline"]
+
+    def oracle_value(self, name: str) -> Any:
+        """The oracle's value of the pairing name ``name`` (e.g. ``"output[0]"``), or None."""
+        return self.oracle().values.get(name)
+
+    def baseline_value(self, name: str) -> Any:
+        run = self.baseline()
+        return None if run is None else run.values.get(name)
+
+    def _run_grads(self, run: RefRun | None, n: int) -> list[torch.Tensor] | None:
+        if run is None or run.side is None or not run.values:
+            return None
+        p = self.pairing()
+        outs = [run.values.get(name) for name, _, _ in p.pairs]
+        leaves = [run.side.leaves[g.index] for g in p.groups]
+        if not all(isinstance(o, torch.Tensor) and o.requires_grad for o in outs) or \
+                any(leaf is None for leaf in leaves):
+            return None
+        cots = [c.detach().to(device=o.device, dtype=o.dtype)
+                for c, o in zip(self.cotangents()[n - 1], outs)]
+        grads, err = vjp(outs, leaves, cots)
+        return None if err is not None else grads
+
+    def oracle_grads(self, n: int) -> list[torch.Tensor] | None:
+        """The oracle's VJP for cotangent ``n`` (cast to float64), one per pairing group; None
+        when the oracle cannot differentiate. Cached."""
+        key = f"oracle-grads-{n}"
+        if key not in self.cache:
+            self.cache[key] = self._run_grads(self.oracle(), n)
+        return self.cache[key]
+
+    def baseline_grads(self, n: int) -> list[torch.Tensor] | None:
+        """The baseline's VJP for cotangent ``n``: None when the baseline is the record's own
+        reference run (:meth:`ref_grads`)."""
+        key = f"baseline-grads-{n}"
+        if key not in self.cache:
+            self.cache[key] = self._run_grads(self.baseline(), n)
+        return self.cache[key]
+
+    def oracle_state(self, j: int) -> torch.Tensor | None:
+        """What slot ``j`` must hold after the call, by the oracle (see :func:`expected_state`)."""
+        return self._state("oracle-state", self.oracle(), j)
+
+    def baseline_state(self, j: int) -> torch.Tensor | None:
+        """The same by the baseline: None when that is the record's reference run."""
+        run = self.baseline()
+        return None if run is None else self._state("baseline-state", run, j)
+
+    def _state(self, key: str, run: RefRun, j: int) -> torch.Tensor | None:
+        if key not in self.cache:
+            state = None
+            if run.why is None and run.side is not None and run.side.tensors:
+                t = run.side.tensors[0]
+                dtype = oracle_dtype(torch.float32, t.device) if key == "oracle-state" else None
+                try:
+                    state = state_with(self.template, run.finals, t.device, dtype)
+                except ReferenceError_:
+                    state = None
+            self.cache[key] = state
+        state = self.cache[key]
+        if state is None:
+            return None
+        side, unrepresentable = state
+        return unrepresentable.get(j, side.tensors[j])
+
+    def oracle_vjps(self, template: Template, names: list[str], groups: list[Any],
+                    cots: list[list[torch.Tensor]]) -> list[list[torch.Tensor]] | None:
+        """The reference once more in float64 on a fresh copy of ``template`` (e.g. another
+        requires_grad pattern), its VJP w.r.t. ``groups``' leaves of the values ``names`` for
+        each cotangent list in ``cots`` (cast to float64); None when it cannot. For a check's
+        own rerun, called only when a value fails the per-dtype default."""
+        device = self.place.ref_device or self.place.device
+        side = template.instantiate(device=device, dtype=oracle_dtype(torch.float32, device))
+        run = reference_run(self.spec, self.ref_fn, side)
+        outs = [run.values.get(n) for n in names]
+        leaves = [side.leaves[g.index] for g in groups]
+        if run.why is not None or any(leaf is None for leaf in leaves) or not all(
+                isinstance(o, torch.Tensor) and o.requires_grad for o in outs):
+            return None
+        result = []
+        for c in cots:
+            grads, err = vjp(outs, leaves, [x.detach().to(device=o.device, dtype=o.dtype)
+                                            for x, o in zip(c, outs)])
+            if err is not None:
+                return None
+            result.append(grads)
+        return result
+
+    def judge(self, name: str, actual: Any, expected: Any, *, oracle: Any = None,
+              baseline: Any = None, kind: str = "outputs", group: Any = None,
+              cotangent: int | None = None) -> Mismatch | None:
+        """Compare one value with the reference's ``expected`` the way every check does: the
+        spec's ``rtol``/``atol`` when set, else the per-dtype default and, where that rejects a
+        floating value, the baseline-relative rule against ``oracle`` (a tensor or a callable;
+        see :mod:`equiv.execution.verdict`). ``kind``: ``"outputs"``, ``"gradients"`` or
+        ``"second-order"`` (the rule's ``k``); ``group``: the storage group of a gradient
+        (an expanded argument's gradient sums many terms: a larger floor, taken at the size
+        of the terms when ``cotangent`` (1 or 2) names the record's cotangent)."""
+        terms = 1.0 if group is None else summed_terms(self.template, group)
+        magnitude = None if cotangent is None or group is None else (
+            lambda: self.oracle_terms(cotangent, group))
+        return judge_leaf(name, actual, expected, rtol=self.spec.rtol, atol=self.spec.atol,
+                          oracle=oracle, baseline=baseline, kind=kind, why=self.oracle_why,
+                          device=self.device, terms=terms, cross=self.place.cross,
+                          magnitude=magnitude)
+
+    def oracle_terms(self, n: int, group: Any) -> torch.Tensor | None:
+        """``sum |term|`` of the oracle's gradient for cotangent ``n`` per storage element of
+        an overlapping ``group`` (:func:`~equiv.execution.verdict.term_magnitude`)."""
+        run = self.oracle()
+        outs = [run.values.get(name) for name, _, _ in self.pairing().pairs]
+        if run.side is None or not all(isinstance(o, torch.Tensor) and o.requires_grad
+                                       for o in outs):
+            return None
+        cots = [c.detach().to(device=o.device, dtype=o.dtype)
+                for c, o in zip(self.cotangents()[n - 1], outs)]
+        return term_magnitude(self.template, group, run.side, outs, cots)
+
+    def oracle_why(self) -> str | None:
+        """Why the oracle cannot be used (the reference raised in float64), else None."""
+        return self.oracle().why
+
+    def finite_differences(self) -> tuple[Any, str | None]:
+        """The implementation's VJP against central differences of the reference in float64
+        (four reference calls), for a reference that cannot differentiate: (FiniteDifference,
+        None), or (None, why not) -- why None when nothing is differentiated. Cached."""
+        if "finite-differences" not in self.cache:
+            self.cache["finite-differences"] = self._finite_differences()
+        return self.cache["finite-differences"]
+
+    def _finite_differences(self) -> tuple[Any, str | None]:
+        assert self.impl_side is not None
+        impl_values = named_values(self.impl_result, {a: self.impl_side.argument(a)
+                                                      for a in self.finals}, self.consumed)
+        ref_values = named_values(self.expected, self.finals, self.consumed)
+        plan = fd_plan(self.template, self.impl_side, impl_values, ref_values)
+        if plan is None:
+            big = fd_plan(self.template, self.impl_side, impl_values, ref_values, limit=None)
+            return None, None if big is None else (
+                f"the example has more than {FD_MAX_ELEMENTS} differentiable elements for "
+                "finite differences")
+        gen = torch.Generator().manual_seed(self.cot_seed)
+        cots = [cotangent(v, gen) for v in plan.impl_values]
+        grads, err = vjp(plan.impl_values, plan.impl_leaves, [c.clone() for c in cots])
+        if err is not None:
+            return None, f"the implementation's backward raised {type(err).__name__}"
+        fn = fd_reference(self.template, plan, self.ref_fn, lambda r: split(self.spec, r),
+                          self.device)
+        try:
+            return fd_check(fn, plan, cots, grads, plan.impl_values[0].dtype,
+                            self.cot_seed), None
+        except Exception as e:  # the reference raised in float64: no finite differences
+            return None, (f"finite differences failed (the reference raised "
+                          f"{type(e).__name__} in float64: {str(e)[:120]})")
+
     def measure(self, which: str) -> Any:
         """Peak and retained bytes of one side over forward + backward on a fresh copy
         (:func:`equiv.memory.measure`), or None when it raised."""
@@ -437,11 +677,16 @@ def expected_state(ex: Execution) -> tuple[Side, dict[int, torch.Tensor]]:
     """A copy of the example holding what every argument must hold after the call: the
     reference's final values for mutated arguments, the drawn values for the others. Final
     values an expanded (self-overlapping) argument cannot hold come back by slot index."""
-    template = ex.template
-    expected = template.instantiate(grad=False, device=ex.device)
+    return state_with(ex.template, ex.finals, ex.device)
+
+
+def state_with(template: Template, finals: dict[str, Any], device: Any,
+               dtype: torch.dtype | None = None) -> tuple[Side, dict[int, torch.Tensor]]:
+    """:func:`expected_state` for any final values (``dtype``: that of the floating slots)."""
+    expected = template.instantiate(grad=False, device=device, dtype=dtype)
     unrepresentable: dict[int, torch.Tensor] = {}
     with torch.no_grad():
-        for arg, final in ex.finals.items():
+        for arg, final in finals.items():
             target = expected.argument(arg)
             t_leaves, f_leaves = tree_flatten(target)[0], tree_flatten(final)[0]
             if len(t_leaves) != len(f_leaves):

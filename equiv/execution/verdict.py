@@ -1,0 +1,204 @@
+"""The numeric verdict of one compared value, and finite-difference VJPs, for the record.
+
+A floating value the per-dtype default rejects against the reference (the *baseline*, at the
+implementation's dtype) is judged again by :mod:`equiv.numerics`' baseline-relative rule against
+the *oracle* (the reference in float64): the rule only relaxes the default (any value within the
+default of the baseline is within ``k`` x the baseline's error + the floor of the oracle, for
+``k >= 1 + rtol``), so the oracle is run only for a value the default rejects. A spec with
+``rtol``/``atol`` and a dtype with a ``settings(tolerances=...)`` override keep the absolute
+comparison; float64 values have no more precise oracle and keep the per-dtype default.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from equiv.compare import Mismatch, compare_leaf, dtype_tolerance_overridden
+from equiv.examples import Side, Template
+from equiv.execution.calls import leaves as leaves_of
+from equiv.numerics import FLOOR_ULPS_DEFAULTS, K_DEFAULTS, FiniteDifference, NumericMismatch, check_vjp_fd
+from equiv.numerics import judge as judge_numbers
+from equiv.numerics import oracle_dtype
+
+#: finite differences only on examples with at most this many differentiable elements
+FD_MAX_ELEMENTS = 4096
+
+Lazy = Any  # a tensor, None, or a zero-argument callable returning one of those
+
+
+def _get(value: Lazy) -> Any:
+    return value() if callable(value) else value
+
+
+def _floating_pair(a: Any, e: Any) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor)
+            and (a.dtype.is_floating_point or a.is_complex()) and a.dtype == e.dtype
+            and a.shape == e.shape)
+
+
+def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
+               atol: float | None, oracle: Lazy = None, baseline: Lazy = None,
+               kind: str = "outputs", why: Callable[[], str | None] = lambda: None,
+               device: str = "cpu", terms: float = 1.0,
+               cross: bool = False, magnitude: Lazy = None) -> Mismatch | None:
+    """``actual`` against ``expected`` (see the module docstring). ``oracle``/``baseline``:
+    the value in the oracle's run and in the baseline's (default: ``expected``), computed only
+    when needed; ``why``: why there is no oracle, for a fallback's message; ``terms``: how many
+    rounded terms each element sums (the floor grows as their square root); ``cross``: the
+    reference was placed elsewhere (an inf/NaN only the baseline shares is an error);
+    ``magnitude``: the size of the summed terms per element (see :func:`term_magnitude`)."""
+    if rtol is not None:
+        return compare_leaf(actual, expected, rtol=rtol, atol=atol, path=name)
+    m = compare_leaf(actual, expected, rtol=None, atol=None, path=name)
+    if m is None or not _floating_pair(actual, expected):
+        return m
+    if dtype_tolerance_overridden(actual.dtype) or \
+            oracle_dtype(actual.dtype, device) == actual.dtype:
+        return m
+    b = _get(baseline)
+    if not isinstance(b, torch.Tensor) or b.shape != actual.shape:
+        b = expected
+    o = _get(oracle)
+    if not isinstance(o, torch.Tensor) or o.shape != actual.shape or o.dtype == actual.dtype:
+        reason = why() or "the float64 reference has no value to compare this one with"
+        fallback = judge_numbers(actual, None, b, dtype=actual.dtype, path=name, why=reason)
+        return fallback
+    size = _get(magnitude) if terms > 1 else None  # sum |term|: the floor is taken there
+    ulps = FLOOR_ULPS_DEFAULTS[kind] * (1.0 if size is not None else max(terms, 1.0) ** 0.5)
+    found = judge_numbers(actual, o, b, k=K_DEFAULTS[kind], floor_ulps=ulps, dtype=actual.dtype,
+                          path=name, baseline_nonfinite=not cross, magnitude=size)
+    if found is None:
+        return None
+    return dataclasses.replace(found, message=f"{found.message}\n{m.message}")
+
+
+def rounding_only(mismatches: list[Mismatch | None]) -> bool:
+    """True when every given mismatch is a rounding-level numeric one (a precision difference:
+    no schedule, saved-value or replay explanation applies)."""
+    real = [m for m in mismatches if m is not None]
+    return bool(real) and all(isinstance(m, NumericMismatch) and m.rounding_level for m in real)
+
+
+# -- naming the differentiated values -------------------------------------------------------
+def named_values(result: Any, finals: dict[str, Any], consumed: bool) -> dict[str, Any]:
+    """``{"output<path>": leaf, "final value of <arg><path>": leaf}`` of one side's result and
+    mutated arguments' final values (the names :class:`~equiv.execution.record.Pairing` uses)."""
+    out: dict[str, Any] = {}
+    if not (result is None and consumed):
+        out.update((f"output{p}", v) for p, v in leaves_of(result))
+    for arg, final in finals.items():
+        out.update((f"final value of {arg}{p}", v) for p, v in leaves_of(final))
+    return out
+
+
+# -- finite differences ---------------------------------------------------------------------
+@dataclasses.dataclass
+class FDPlan:
+    """What a finite-difference VJP check compares: the implementation's differentiated values
+    (by name), its gradient leaves (one per storage group) and the groups."""
+
+    names: list[str]
+    impl_values: list[torch.Tensor]
+    impl_leaves: list[torch.Tensor]
+    groups: list[Any]
+
+
+def fd_plan(template: Template, impl_side: Side, impl_values: dict[str, Any],
+            ref_values: dict[str, Any], limit: int | None = FD_MAX_ELEMENTS) -> FDPlan | None:
+    """The values the implementation differentiates that the reference returns as floating
+    tensors (differentiable or not), or None when there are none or the example is too big."""
+    names = [n for n, v in impl_values.items()
+             if isinstance(v, torch.Tensor) and v.requires_grad
+             and isinstance(ref_values.get(n), torch.Tensor)
+             and ref_values[n].dtype.is_floating_point and ref_values[n].shape == v.shape]
+    groups = [g for g in template.groups if impl_side.leaves[g.index] is not None
+              and g.dtype.is_floating_point]
+    if not names or not groups:
+        return None
+    if limit is not None and sum(impl_side.leaves[g.index].numel() for g in groups) > limit:
+        return None
+    return FDPlan(names, [impl_values[n] for n in names],
+                  [impl_side.leaves[g.index] for g in groups], groups)
+
+
+def fd_reference(template: Template, plan: FDPlan, ref: Callable[..., Any],
+                 split: Callable[[Any], tuple[Any, dict[str, Any], bool]],
+                 device: str) -> Callable[..., list[torch.Tensor]]:
+    """The reference as a function of the groups' gradient leaves (float64): a fresh copy of the
+    example holding those values, the reference called on it, the planned values returned."""
+
+    def fn(*leaf_values: torch.Tensor) -> list[torch.Tensor]:
+        t = copy.copy(template)
+        groups = list(template.groups)
+        for g, v in zip(plan.groups, leaf_values):
+            values = g.values.to(torch.float64).clone()
+            if g.simple:
+                s = template.slots[g.slots[0]]
+                values.as_strided(s.size, s.stride, 0).copy_(v.reshape(s.size))
+            else:
+                values.copy_(v.reshape(values.shape))
+            groups[g.index] = dataclasses.replace(g, values=values)
+        t.groups = groups
+        side = t.instantiate(grad=False, device=None if device == "cpu" else device,
+                             dtype=torch.float64)
+        result = side.call(ref)
+        _, finals, consumed = split(result)
+        values = named_values(result, finals, consumed)
+        return [values[n].detach() for n in plan.names]
+
+    return fn
+
+
+def fd_check(fn: Callable[..., list[torch.Tensor]], plan: FDPlan, cots: list[torch.Tensor],
+             impl_grads: list[torch.Tensor], dtype: torch.dtype,
+             seed: int) -> FiniteDifference:
+    """:func:`equiv.numerics.check_vjp_fd` of the implementation's VJP against ``fn``."""
+    args = tuple(leaf.detach().cpu() for leaf in plan.impl_leaves)
+    return check_vjp_fd(fn, args, [c.cpu() for c in cots], tuple(g.cpu() for g in impl_grads),
+                        dtype=dtype, seed=seed)
+
+
+def fd_message(fd: FiniteDifference) -> str:
+    return (f"finite differences of the reference in float64 (central, step {fd.step:.2g}, "
+            f"along one direction): <cotangent, J v> = {fd.value:.6g}; the implementation's "
+            f"<vjp(cotangent), v> = {fd.analytic:.6g}; difference "
+            f"{abs(fd.value - fd.analytic):.3g}, allowed {fd.tolerance:.3g}")
+
+
+def summed_terms(template: Template, group: Any) -> float:
+    """How many view elements share each element of ``group``'s storage, on average (an
+    expanded argument's gradient sums that many terms)."""
+    total = 0
+    for j in group.slots:
+        n = 1
+        for d in template.slots[j].size:
+            n *= d
+        total += n
+    return total / max(group.values.numel(), 1)
+
+
+def term_magnitude(template: Template, group: Any, side: Side, outs: list[torch.Tensor],
+                   cots: list[torch.Tensor]) -> torch.Tensor | None:
+    """``sum |term|`` per storage element of an overlapping (e.g. expanded) ``group``: the
+    gradient w.r.t. each view element (a term of the storage gradient), by absolute value,
+    added up where the views share storage. None when it cannot be taken."""
+    if group.simple:
+        return None
+    views = [side.tensors[j] for j in group.slots]
+    try:
+        grads = torch.autograd.grad(outs, views, cots, retain_graph=True, allow_unused=True)
+    except RuntimeError:
+        return None
+    out = torch.zeros(group.values.numel(), dtype=torch.float64)
+    positions = torch.arange(group.values.numel())
+    for j, g in zip(group.slots, grads):
+        if g is None:
+            continue
+        s = template.slots[j]
+        idx = positions.as_strided(s.size, s.stride, s.offset).reshape(-1)
+        out.index_add_(0, idx, g.detach().abs().to("cpu", torch.float64).reshape(-1))
+    return out
