@@ -109,22 +109,21 @@ def _run_one(ex: Execution, sink: Sink, plan: Script, schedule: Schedule, *,
                     fix="if the implementation is meant to support this schedule, declare "
                         "expect='match'.")
         return
-    memo: list[Any] = []
+    memo: dict[bool, Any] = {}
 
-    def oracle(k: int, i: int) -> Any:  # the float64 reference's gradients, on first use
-        if not memo:
-            memo.append(ex.oracle_vjps(ex.template, [n for n, _, _ in plan.pairs], plan.groups,
-                                       cots))
-        return None if memo[0] is None else memo[0][k][i]
+    def oracle(k: int, i: int, even: bool) -> Any:  # the float64 reference's, on first use
+        if even not in memo:
+            memo[even] = ex.oracle_vjps(ex.template, [n for n, _, _ in plan.pairs],
+                                        plan.groups, cots, shuffled=even)
+        return None if memo[even] is None else memo[even][k][i]
 
     through = backward_forwards(schedule)
     for k, (got, exp) in enumerate(zip(result.grads, expected), 1):
         for i, (name, a, e) in enumerate(zip(plan.names, got, exp)):
             e = e.to(dtype=a.dtype, device=a.device)  # the reference may run elsewhere
-            # the float64 oracle holds the example's own values: only forward #1's backwards
-            at_example = through[k - 1] % 2 == 1
+            even = through[k - 1] % 2 == 0  # even forwards see every storage reversed
             m = ex.judge(name, a, e, kind="gradients", group=plan.groups[i],
-                         oracle=(lambda k=k, i=i: oracle(k - 1, i)) if at_example else None)
+                         oracle=lambda k=k, i=i, even=even: oracle(k - 1, i, even))
             if m is None:
                 continue
             if rounding_only([m]):  # a precision difference, not a schedule problem

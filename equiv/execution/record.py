@@ -458,13 +458,16 @@ class Execution:
         return unrepresentable.get(j, side.tensors[j])
 
     def oracle_vjps(self, template: Template, names: list[str], groups: list[Any],
-                    cots: list[list[torch.Tensor]]) -> list[list[torch.Tensor]] | None:
+                    cots: list[list[torch.Tensor]], *,
+                    shuffled: bool = False) -> list[list[torch.Tensor]] | None:
         """The reference once more in float64 on a fresh copy of ``template`` (e.g. another
-        requires_grad pattern), its VJP w.r.t. ``groups``' leaves of the values ``names`` for
+        requires_grad pattern; ``shuffled``: every storage reversed, as a schedule's even
+        forwards see it), its VJP w.r.t. ``groups``' leaves of the values ``names`` for
         each cotangent list in ``cots`` (cast to float64); None when it cannot. For a check's
         own rerun, called only when a value fails the per-dtype default."""
         device = self.place.ref_device or self.place.device
-        side = template.instantiate(device=device, dtype=oracle_dtype(torch.float32, device))
+        side = template.instantiate(device=device, dtype=oracle_dtype(torch.float32, device),
+                                    shuffled=shuffled)
         run = reference_run(self.spec, self.ref_fn, side)
         outs = [run.values.get(n) for n in names]
         leaves = [side.leaves[g.index] for g in groups]
