@@ -123,10 +123,10 @@ def _number(where: str, label: str, value: Any, *, positive: bool = False,
     ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value) and (
         value > 0 if positive else value >= 0)
     if not ok:
-        want = "an integer" if integer else "a finite number"
+        want = "an integer" if integer else "a number"
         raise InvalidArgument(
             f"{where}({label}={value!r}): give {want} {'> 0' if positive else '>= 0'} "
-            f"(not a bool, NaN or infinity).")
+            f"(finite; not a bool or NaN).")
 
 
 def registry() -> dict[str, Spec]:
@@ -375,7 +375,8 @@ def _fits(sig: inspect.Signature, impl: Any) -> Callable[[Any], Any]:
             got = (f"a tuple of {len(example)}" if isinstance(example, tuple)
                    else f"a {type(example).__name__}")
             raise InvalidArgument(
-                f"equivalent_to(inputs=...) of {name}{sig} drew {got} ({e}): the strategy must "
+                f"equivalent_to(inputs=...) produced a bad example for {name}{sig}: it drew "
+                f"{got} ({e}); the strategy must "
                 f"produce tuples of {len(required)} argument(s), one per parameter "
                 f"({', '.join(required)}), or equiv.Args(...) that bind to the signature."
             ) from None
