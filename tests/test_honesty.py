@@ -817,6 +817,7 @@ def test_settings_without_a_parent_inherit_the_loaded_profile():
         assert "max_examples=3" in report.settings and report.seed == 5
     finally:
         equiv.settings._pop_session(previous)
+        del equiv.settings._profiles["honesty-small"]  # other tests list the profiles
     assert equiv.settings().max_examples == equiv.settings.get_profile("default").max_examples
 
 
