@@ -9,6 +9,7 @@ option or ini setting was given, or a test module imported equiv).
 
 from __future__ import annotations
 
+import inspect
 import random
 import sys
 from typing import Any
@@ -216,9 +217,18 @@ def _is_equiv_item(item: Any) -> bool:
     return getattr(item, "_equiv_item", False)
 
 
+def _is_equiv_tests(obj: object) -> bool:
+    """Whether ``obj`` is what ``tests_for`` returns, read without running user code: a
+    module-level lazy proxy whose ``__getattr__`` raises must not break collection."""
+    try:
+        return inspect.getattr_static(obj, "__equiv_tests__", False) is True
+    except Exception:
+        return False
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makeitem(collector: Any, name: str, obj: object) -> Any:
-    if getattr(obj, "__equiv_tests__", False) is True:
+    if _is_equiv_tests(obj):
         from equiv.pytest import _items_for
 
         return _items_for(collector, name, obj, _state(collector.config))

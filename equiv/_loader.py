@@ -6,7 +6,9 @@ Shared by the ``equiv`` command and the pytest plugin's ``--equiv-module`` optio
 from __future__ import annotations
 
 import importlib
+import inspect
 import importlib.util
+import pkgutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -16,38 +18,90 @@ from equiv.spec import _REGISTRY, Spec
 
 def load_target(target: str) -> list[Spec]:
     """Import a ``.py`` file, a folder of files (not recursing: ``examples/failing/`` is only
-    searched when named) or a dotted module name; return the specs they define, in order.
+    searched when named), a package folder (an ``__init__.py`` inside: imported as the package,
+    with its submodules, so relative imports work) or a dotted module name (a package: with its
+    submodules); return the specs they define, in order.
 
-    Exceptions raised by the user's module propagate unchanged (callers show the traceback).
+    A target that names no file, folder or module raises :class:`TargetNotFound` (one line for
+    the user); exceptions raised by the user's modules propagate unchanged (callers show the
+    traceback).
     """
-    path = Path(target)
-    if path.is_dir():
-        files = sorted(p for p in path.glob("*.py") if not p.name.startswith("_"))
-        modules = [_import_file(f) for f in files]
-    elif path.suffix == ".py" or path.exists():
-        if not path.is_file():
-            raise FileNotFoundError(f"no such file: {target}")
-        modules = [_import_file(path)]
-    else:
-        modules = [importlib.import_module(target)]
     specs: list[Spec] = []
-    for m in modules:
+    for m in _modules(target):
         for s in specs_in_module(m):
             if all(s.name != t.name for t in specs):
                 specs.append(s)
     return specs
 
 
+class TargetNotFound(ImportError):
+    """A command-line target that is neither a file, a folder nor an importable module."""
+
+
+def _modules(target: str) -> list[ModuleType]:
+    path = Path(target)
+    if path.is_dir():
+        if (path / "__init__.py").is_file():
+            return _walk(importlib.import_module(_package_name(path)))
+        files = sorted(p for p in path.glob("*.py") if not p.name.startswith("_"))
+        return [_import_file(f) for f in files]
+    if path.is_file():
+        return [_import_file(path)]
+    if path.suffix == ".py" or "/" in target or "\\" in target:
+        raise TargetNotFound(f"no such file or folder: {target}")
+    try:
+        module = importlib.import_module(target)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (target == e.name or target.startswith(e.name + ".")):
+            raise TargetNotFound(
+                f"{target} is not a file, a folder or an importable module (ModuleNotFoundError: "
+                f"{e}); run from the "
+                "folder that holds it, or give its path.") from None
+        raise
+    return _walk(module)
+
+
+def _walk(module: ModuleType) -> list[ModuleType]:
+    """``module`` and, for a package, every public submodule (recursively, in name order)."""
+    found = [module]
+    path = getattr(module, "__path__", None)
+    if path is None:
+        return found
+    for info in sorted(pkgutil.walk_packages(path, module.__name__ + "."),
+                       key=lambda i: i.name):
+        if any(part.startswith("_") for part in info.name.split(".")[1:]):
+            continue
+        found.append(importlib.import_module(info.name))
+    return found
+
+
+def _package_name(folder: Path) -> str:
+    """The dotted name of a package folder, its topmost package's parent put on sys.path."""
+    folder = folder.resolve()
+    parts = [folder.name]
+    root = folder.parent
+    while (root / "__init__.py").is_file():
+        parts.insert(0, root.name)
+        root = root.parent
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return ".".join(parts)
+
+
 def specs_in_module(module: ModuleType) -> list[Spec]:
-    """The specs whose implementation is defined in ``module``: its decorated attributes in
-    definition order, then any other registered spec of that module."""
+    """The specs that belong to ``module``: its decorated attributes in definition order, then
+    any other registered spec of that module (factory-made ones included)."""
     found: dict[str, Spec] = {}
-    for value in list(vars(module).values()):
-        spec = getattr(value, "__equiv_spec__", None)
-        if isinstance(spec, Spec) and getattr(spec.impl, "__module__", None) == module.__name__:
+    values = list(vars(module).values())  # not getattr: a lazy module attribute may raise
+    for value in values:
+        try:
+            spec = inspect.getattr_static(value, "__equiv_spec__", None)
+        except Exception:  # an object whose type lookup itself fails: not a spec
+            continue
+        if isinstance(spec, Spec) and spec.module == module.__name__:
             found.setdefault(spec.name, spec)
     for spec in list(_REGISTRY.values()):
-        if getattr(spec.impl, "__module__", None) == module.__name__:
+        if spec.module == module.__name__:
             found.setdefault(spec.name, spec)
     return list(found.values())
 

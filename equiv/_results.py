@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from typing import Any, Iterable
 
 from equiv._settings import settings as Settings
@@ -36,10 +37,12 @@ class Result:
     verdict: str
     reason: str = ""
     report: Report | None = None
+    #: a finer outcome within the verdict: "timeout" (a "fail" with no finding)
+    kind: str = ""
 
     @property
     def label(self) -> str:
-        return LABELS[self.verdict]
+        return "TIMEOUT" if self.kind == "timeout" else LABELS[self.verdict]
 
     def to_dict(self) -> dict[str, Any]:
         r = self.report
@@ -154,6 +157,19 @@ def device_unavailable(device: str) -> str | None:
     return None
 
 
+def nowhere_to_run(devices: Iterable[str]) -> str | None:
+    """When none of ``devices`` is available here: why, as ``check(devices=...)`` says it
+    (nothing ran, which is not a pass); else None. Unknown device names are left to the run."""
+    try:
+        reasons = [device_unavailable(d) for d in dict.fromkeys(devices)]
+    except InvalidArgument:
+        return None
+    if not reasons or not all(reasons):
+        return None
+    return (f"every requested device was skipped ({reasons[0]}): nothing ran, which is not a "
+            "pass. Request an available device, e.g. cpu")
+
+
 def narrow(spec: Spec, mode: Any, device: str) -> Spec:
     """``spec`` restricted to one mode and device, even when its decorator names several."""
     own = spec.settings if spec.settings is not None else Settings()
@@ -162,22 +178,65 @@ def narrow(spec: Spec, mode: Any, device: str) -> Spec:
 
 def run_one(spec: Spec, mode: Any, device: str, **check_options: Any) -> Result:
     """Run ``spec`` under one mode (a name, or a mode object whose str is its name) on one
-    device; never raises for findings."""
+    device; never raises for findings, for a usage error or for an exception escaping the
+    user's code (each is a result naming the spec), only for KeyboardInterrupt."""
+    from equiv._watchdog import ExampleTimeout, per_example
     from equiv.run import check
 
     base = dict(spec=spec.name, implementation=spec.implementation, reference=spec.reference,
                 mode=str(mode), device=device)
+    timeout = _timeout(spec)
     try:
         why = device_unavailable(device)
         if why is not None:
             return Result(verdict="skipped", reason=why, **base)
-        report = check(narrow(spec, mode, device), modes=(mode,), devices=(device,),
-                       raise_on_failure=False, **check_options)
+        with per_example(timeout) as unenforced:
+            if unenforced is not None:
+                warnings.warn(f"equiv: settings(timeout={timeout:g}) is not enforced for "
+                              f"{spec.name}: {unenforced}", RuntimeWarning, stacklevel=2)
+            report = check(narrow(spec, mode, device), modes=(mode,), devices=(device,),
+                           raise_on_failure=False, **check_options)
     except InvalidArgument as e:
         return Result(verdict="error", reason=str(e), **base)
+    except ExampleTimeout as e:
+        return Result(verdict="fail", kind="timeout", reason=(
+            f"TIMEOUT: {spec.name} under {mode} on {device}: {e} (settings(timeout=...); it "
+            "counts both sides, all checks and any compilation of that example). Look for a "
+            "hang or an unbounded loop, or raise the limit."), **base)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # SystemExit, an exception out of equiv itself...
+        return Result(verdict="error", reason=_escaped(spec, e), **base)
+    return _verdict(report, str(mode), device, base)
+
+
+def _timeout(spec: Spec) -> float | None:
+    own = spec.settings
+    if own is not None and "timeout" in own._explicit:
+        return own.timeout
+    return Settings.default().timeout
+
+
+def _escaped(spec: Spec, e: BaseException) -> str:
+    """The reason of an exception that escaped a run: what it was, and where it came from."""
+    import traceback
+
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__, limit=-6))
+    what = f"{type(e).__name__}({', '.join(map(repr, e.args))})"
+    if isinstance(e, (SystemExit, GeneratorExit)) or not isinstance(e, Exception):
+        head = (f"{spec.name}: {what} escaped the check (raised by the implementation or the "
+                "reference); equiv stopped this spec. A kernel must not exit the process.")
+    else:
+        head = (f"{spec.name}: the run stopped with {what}, which is not a finding about the "
+                "implementation: if the traceback ends in equiv's own code, please report a bug "
+                "with this spec.")
+    return f"{head}\n{tb.rstrip()}"
+
+
+def _verdict(report: Report, mode: str, device: str, base: dict[str, Any]) -> Result:
     if report.findings:
         return Result(verdict="fail", report=report, **base)
-    run = mode_run(report, str(mode), device)
+    run = mode_run(report, mode, device)
     status = getattr(run, "status", None)
     if status == "not compiled":  # a compile mode that fell back to eager: never a pass
         return Result(verdict="not-compiled", report=report, reason=getattr(run, "reason", "")

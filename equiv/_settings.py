@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, ClassVar
 
@@ -47,7 +48,8 @@ def _tolerance_triples(value: Any) -> tuple[tuple[str, float, float], ...]:
     for dtype, tol in items:
         name = _dtype_name(dtype)
         ok = (name in _DTYPES and isinstance(tol, (tuple, list)) and len(tol) == 2
-              and all(isinstance(t, (int, float)) and t >= 0 for t in tol))
+              and all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                    and math.isfinite(t) and t >= 0 for t in tol))
         if not ok:
             raise InvalidArgument(
                 f"settings(tolerances={value!r}): give {{dtype: (rtol, atol)}} with known dtype "
@@ -83,6 +85,10 @@ class settings:
     #: ``{"float16": (1e-3, 1e-5)}``, stored as sorted ``(dtype, rtol, atol)`` triples.
     #: A spec's own rtol/atol still win.
     tolerances: tuple[tuple[str, float, float], ...] = ()
+    #: seconds one example may take (both sides, all checks) before the run stops with a
+    #: "timeout" outcome naming the spec; None: no limit (Hypothesis's own ``deadline``, given
+    #: through ``hypothesis_settings``, is honoured either way)
+    timeout: float | None = None
 
     _profiles: ClassVar[dict[str, "settings"]] = {}
     _current: ClassVar[str] = "default"
@@ -90,7 +96,12 @@ class settings:
     _session_overrides: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, parent: "settings | None" = None, **changes: Any) -> None:
-        base = parent if parent is not None else None
+        if parent is not None and not isinstance(parent, settings):
+            raise InvalidArgument(
+                f"settings(parent={parent!r:.60}): the parent must be an equiv.settings object.")
+        # like hypothesis.settings(): no parent means the loaded profile's values (only the
+        # options given here count as explicit)
+        base = parent if parent is not None else type(self)._profiles.get(type(self)._current)
         fields = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - fields)
         if unknown:
@@ -107,7 +118,7 @@ class settings:
             object.__setattr__(self, f.name, value)
         # which options were given here or by an explicit parent (a decorator's settings win
         # for exactly these, over the profile and check()'s arguments)
-        explicit = frozenset(changes) | (getattr(base, "_explicit", frozenset()))
+        explicit = frozenset(changes) | (getattr(parent, "_explicit", frozenset()))
         object.__setattr__(self, "_explicit", explicit)
         self._validate()
         self._validate_more()
@@ -129,12 +140,30 @@ class settings:
         return None
 
     def _validate(self) -> None:
-        if not isinstance(self.max_examples, int) or self.max_examples < 1:
+        if (not isinstance(self.max_examples, int) or isinstance(self.max_examples, bool)
+                or self.max_examples < 1):
             raise InvalidArgument(
                 f"settings(max_examples={self.max_examples!r}): give a positive integer."
             )
-        if self.seed is not None and not isinstance(self.seed, int):
+        if self.seed is not None and (not isinstance(self.seed, int)
+                                      or isinstance(self.seed, bool)):
             raise InvalidArgument(f"settings(seed={self.seed!r}): give an integer or None.")
+        if not isinstance(self.derandomize, bool):
+            raise InvalidArgument(
+                f"settings(derandomize={self.derandomize!r}): give True or False.")
+        t = self.timeout
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
+                              or not math.isfinite(t) or t <= 0):
+            raise InvalidArgument(
+                f"settings(timeout={t!r}): give the seconds one example may take, a finite "
+                "number > 0, or None for no limit.")
+        if self.hypothesis_settings is not None:
+            import hypothesis
+
+            if not isinstance(self.hypothesis_settings, hypothesis.settings):
+                raise InvalidArgument(
+                    f"settings(hypothesis_settings={self.hypothesis_settings!r:.60}): give a "
+                    "hypothesis.settings object, e.g. hypothesis.settings(database=None).")
         for name in ("modes", "devices", "checks"):
             value = getattr(self, name)
             # modes also take equiv.compiled(...) objects (equiv.modes.Mode)
@@ -150,7 +179,7 @@ class settings:
             raise InvalidArgument(
                 f"settings(checks=...) names unknown check(s) {unknown}; known: {list(ALL_CHECKS)}."
             )
-        if self.backward_repeats not in (1, 2):
+        if isinstance(self.backward_repeats, bool) or self.backward_repeats not in (1, 2):
             raise InvalidArgument(
                 f"settings(backward_repeats={self.backward_repeats!r}): give 1 (no repeated "
                 "backward) or 2 (backward again through the retained graph)."
@@ -197,6 +226,17 @@ class settings:
     @classmethod
     def _pop_session(cls, previous: tuple[str, dict]) -> None:
         cls._current, cls._session_overrides = previous[0], dict(previous[1])
+
+    def _hypothesis_deadline(self) -> Any:
+        """The Hypothesis ``deadline`` a run uses: the one set in ``hypothesis_settings`` (or in
+        the loaded Hypothesis profile) when it differs from Hypothesis's built-in 200 ms default
+        (which compilation alone would exceed), else None. ``timeout`` is equiv's own limit."""
+        import hypothesis
+
+        hs = self.hypothesis_settings if self.hypothesis_settings is not None else (
+            hypothesis.settings.default)
+        builtin = hypothesis.settings.get_profile("default").deadline
+        return None if hs.deadline == builtin else hs.deadline
 
     @property
     def profile(self) -> str:

@@ -6,19 +6,21 @@ spec under each mode and device, and prints a summary table then each finding in
 ``equiv lab [--out PATH] [--open]`` writes the function lab page (docs/lab/index.html), its
 autograd panel recorded afresh from a real run, and opens it in a browser only with ``--open``.
 
-Exit status: 0 all passed, 1 findings (or a compile mode that compiled nothing), 2 usage or
-import error (the import traceback is printed).
+Exit status: 0 all passed, 1 findings (or a timeout, or a compile mode that compiled nothing),
+2 usage or import error (the import traceback is printed), 130 interrupted (Ctrl-C; the summary
+of what finished is printed first). Verdicts follow docs/reference.md "Verdicts".
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import traceback
 from typing import Any, Sequence, TextIO
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _comma_list(value: str) -> tuple[str, ...]:
@@ -52,16 +54,19 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="equiv", description="Prove fast, mutating PyTorch implementations equivalent to "
         "their pure references.", epilog="Exit status: 0 all pass, 1 findings, 2 usage or "
-        "import error.")
+        "import error, 130 interrupted.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{check,list,lab}")
     p = sub.add_parser("check", help="run every registered spec found in the targets",
                        description="Import the targets and run every @equivalent_to spec.")
     p.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE",
-                   help=".py files, folders of them (not recursive) or dotted module names")
+                   help=".py files, folders of them (not recursive; a package "
+                        "folder is imported as its package, with submodules) or dotted "
+                        "module names")
     p.add_argument("--modes", type=_comma_list, default=None, metavar="M1,M2",
                    help="execution modes, e.g. eager,compile[aot_eager] (default: the profile's)")
     p.add_argument("--devices", type=_comma_list, default=None, metavar="D1,D2",
-                   help="devices, e.g. cpu,cuda; unavailable ones are skipped")
+                   help="devices, e.g. cpu,cuda; unavailable ones are skipped (all "
+                        "unavailable: an error)")
     p.add_argument("--profile", default=None, metavar="NAME",
                    help="settings profile: default, ci, thorough (default: $EQUIV_PROFILE, "
                         "else ci when $CI is set, else default)")
@@ -116,15 +121,23 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
         return _lab(args, out, err)
 
     import equiv
-    from equiv._loader import load_target
+    from equiv._loader import TargetNotFound, load_target
 
+    if os.getcwd() not in sys.path:  # like `python -m`: modules of the current folder import
+        sys.path.insert(0, os.getcwd())
     specs: list[Any] = []
     for target in args.targets:
         try:
             found = load_target(target)
-        except Exception:  # the user's module failed to import: show its traceback, exit 2
+        except TargetNotFound as e:
+            print(f"equiv: {e}", file=err)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            print("equiv: interrupted", file=err)
+            return EXIT_INTERRUPTED
+        except BaseException as e:  # the user's module failed (SystemExit too): exit 2
             print(f"equiv: could not import {target}:", file=err)
-            traceback.print_exc(file=err)
+            traceback.print_exception(type(e), e, e.__traceback__, file=err)
             return EXIT_USAGE
         specs += [s for s in found if all(s.name != t.name for t in specs)]
     if not specs:
@@ -191,10 +204,7 @@ def _list(specs: list[Any], out: TextIO) -> None:
         print(f"  inputs:    {'derived from the signature' if s.derived_inputs else 'given'}"
               f"; {len(s.examples)} explicit example(s); tolerance: {tol}", file=out)
         if s.settings is not None:
-            plain = type(s.settings)()
-            own = {f: getattr(s.settings, f) for f in ("max_examples", "modes", "devices",
-                                                       "checks", "backward_repeats")
-                   if getattr(s.settings, f) != getattr(plain, f)}
+            own = {f: getattr(s.settings, f) for f in sorted(s.settings._explicit)}
             if own:
                 shown = ", ".join(f"{k}={v!r}" for k, v in own.items())
                 print(f"  settings:  {shown} (from the decorator; wins over options)", file=out)
@@ -202,45 +212,44 @@ def _list(specs: list[Any], out: TextIO) -> None:
 
 def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO) -> int:
     import equiv
-    from equiv._results import LABELS, combinations, document, run_one, write_json
+    from equiv._results import LABELS, combinations, document
 
+    for option in ("json", "html"):
+        problem = _unwritable(getattr(args, option))
+        if problem:
+            print(f"equiv: --{option} {getattr(args, option)}: {problem}; nothing was run.",
+                  file=err)
+            return EXIT_USAGE
     cfg = equiv.settings.default()
     seed_text = "derandomized" if cfg.derandomize else f"--seed={cfg.seed}"
     print(f"equiv: profile={cfg.profile} modes={','.join(map(str, cfg.modes))} "
           f"devices={','.join(cfg.devices)} max_examples={cfg.max_examples} {seed_text}",
           file=out)
     tasks = [(s, m, d) for s in specs for m, d in combinations(s, cfg)]
-    results = []
-    show = args.progress == "on" or (args.progress == "auto" and err.isatty())
-    if show:
-        from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
-
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=Console(file=err), transient=True) as bar:
-            job = bar.add_task("equiv", total=len(tasks))
-            for s, m, d in tasks:
-                bar.update(job, description=f"{s.name} [{m}-{d}]")
-                results.append(run_one(s, m, d))
-                bar.advance(job)
-    else:
-        results = [run_one(s, m, d) for s, m, d in tasks]
-
-    _table(results, LABELS, out)
-    failed = [r for r in results if r.verdict != "pass"]
-    for r in failed:
-        if r.verdict in ("skipped",):
+    results: list[Any] = []
+    interrupted = False
+    try:
+        _run_tasks(tasks, results, args, err)
+    except KeyboardInterrupt:  # show what finished, then stop with 130
+        interrupted = True
+    _table(results, out)
+    for r in results:
+        if r.verdict in ("pass", "skipped"):
             continue
         print(file=out)
-        print(f"== {LABELS[r.verdict]}: {r.spec} [{r.mode}-{r.device}] ==", file=out)
+        print(f"== {r.label}: {r.spec} [{r.mode}-{r.device}] ==", file=out)
         if r.report is not None and r.report.findings:
             print(r.report.render(), file=out)
         else:
             print(r.reason, file=out)
     counts = {v: sum(r.verdict == v for r in results) for v in LABELS}
     print(file=out)
-    print(", ".join(f"{n} {LABELS[v]}" for v, n in counts.items() if n), file=out)
+    print(", ".join(f"{n} {LABELS[v]}" for v, n in counts.items() if n) or "nothing finished",
+          file=out)
+    if interrupted:
+        print(f"equiv: interrupted after {len(results)} of {len(tasks)} runs "
+              f"(spec x mode x device); no report files written.", file=out)
+        return EXIT_INTERRUPTED
     reproduce = _reproduce(args, cfg)
     if any(r.verdict in ("fail", "not-compiled", "error") for r in results) \
             and not cfg.derandomize:
@@ -249,13 +258,8 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
         doc = document(results, tool="equiv check", profile=cfg.profile,
                        seed=None if cfg.derandomize else cfg.seed, modes=cfg.modes,
                        devices=cfg.devices, max_examples=cfg.max_examples, reproduce=reproduce)
-        if args.json:
-            write_json(doc, args.json)
-        if args.html:
-            from equiv._html import render_html
-
-            with open(args.html, "w", encoding="utf-8") as fh:
-                fh.write(render_html(doc))
+        if not _write_reports(args, doc, err):
+            return EXIT_USAGE
     if counts["error"]:
         return EXIT_USAGE
     if counts["fail"] or counts["not-compiled"]:
@@ -263,11 +267,80 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
     return EXIT_OK
 
 
-def _table(results: list[Any], labels: dict[str, str], out: TextIO) -> None:
+def _run_tasks(tasks: list[Any], results: list[Any], args: argparse.Namespace,
+               err: TextIO) -> None:
+    """Run each (spec, mode, device) into ``results`` (appended as they finish, so an
+    interrupted run keeps what finished)."""
+    from equiv._results import Result, nowhere_to_run, run_one
+
+    devices: dict[str, list[str]] = {}
+    for s, _, d in tasks:
+        devices.setdefault(s.name, []).append(d)
+    nowhere = {name: nowhere_to_run(ds) for name, ds in devices.items()}
+
+    def one(s: Any, m: Any, d: str) -> Any:
+        why = nowhere[s.name]
+        if why is None:
+            return run_one(s, m, d)
+        return Result(spec=s.name, implementation=s.implementation, reference=s.reference,
+                      mode=str(m), device=d, verdict="error", reason=f"{why} (--devices)")
+
+    show = args.progress == "on" or (args.progress == "auto" and err.isatty())
+    if not show:
+        for s, m, d in tasks:
+            results.append(one(s, m, d))
+        return
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(file=err), transient=True) as bar:
+        job = bar.add_task("equiv", total=len(tasks))
+        for s, m, d in tasks:
+            bar.update(job, description=f"{s.name} [{m}-{d}]")
+            results.append(one(s, m, d))
+            bar.advance(job)
+
+
+def _unwritable(path: str | None) -> str | None:
+    """Why a report file cannot be written at ``path`` (checked before the run), or None."""
+    if not path:
+        return None
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        return f"cannot write there ({e.strerror or e})"
+    if not existed:
+        os.remove(path)
+    return None
+
+
+def _write_reports(args: argparse.Namespace, doc: dict[str, Any], err: TextIO) -> bool:
+    from equiv._results import write_json
+
+    try:
+        if args.json:
+            write_json(doc, args.json)
+        if args.html:
+            from equiv._html import render_html
+
+            with open(args.html, "w", encoding="utf-8") as fh:
+                fh.write(render_html(doc))
+    except OSError as e:
+        print(f"equiv: could not write a report file: {e}", file=err)
+        return False
+    return True
+
+
+def _table(results: list[Any], out: TextIO) -> None:
     rows = [("spec", "mode", "device", "verdict", "examples", "findings")]
     for r in results:
-        rows.append((r.spec, r.mode, r.device, labels[r.verdict],
-                     str(r.report.examples_run) if r.report else "-",
+        valid = r.report.examples_run - r.report.invalid_examples if r.report else None
+        rows.append((r.spec, r.mode, r.device, r.label,
+                     str(valid) if r.report else "-",
                      str(len(r.report.findings)) if r.report else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for j, row in enumerate(rows):

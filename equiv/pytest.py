@@ -93,6 +93,9 @@ class EquivItem(pytest.Item):
 
         result = run_one(self.spec, self.mode, self.device)
         self.user_properties.append(("equiv_result", result.to_dict()))
+        if result.verdict == "skipped" and self._nowhere() is not None:
+            raise _EquivUsageError(f"{self._nowhere()} (--equiv-devices, the spec's settings "
+                                   "or the profile).")
         if result.verdict == "skipped":  # reported at the item, not inside pytest
             raise pytest.skip.Exception(result.reason, _use_item_location=True)
         if result.verdict == "error":
@@ -103,8 +106,16 @@ class EquivItem(pytest.Item):
                 f"'{self.mode}'/'{self.device}'.")
         if result.verdict == "not-compiled":
             raise _NotCompiled(result.reason)
+        if result.kind == "timeout":
+            raise _NotCompiled(result.reason)
         if result.report is not None:
             result.report.raise_if_failed()
+
+    def _nowhere(self) -> str | None:
+        """Why none of this spec's devices can run here, or None (a mere skip)."""
+        from equiv._results import combinations, nowhere_to_run
+
+        return nowhere_to_run(d for _, d in combinations(self.spec, self._state.effective()))
 
     def repr_failure(self, excinfo: Any, style: Any = None) -> Any:
         exc = excinfo.value
@@ -153,7 +164,8 @@ class _EquivUsageError(Exception):
 
 
 class _NotCompiled(Exception):
-    """A compile mode compiled nothing, so its pass would be a lie."""
+    """A compile mode compiled nothing, or an example ran past the timeout: no traceback,
+    never a pass."""
 
 
 class EquivModule(pytest.Collector):
@@ -180,7 +192,7 @@ def _make_items(parent: Any, specs: list[Spec], state: Any) -> list[Any]:
     cfg = state.effective()
     items, used = [], set()
     for spec in specs:
-        base = spec.name.rsplit(".", 1)[-1]
+        base = _short(spec.name)
         if base in used:
             base = spec.name
         used.add(base)
@@ -190,6 +202,18 @@ def _make_items(parent: Any, specs: list[Spec], state: Any) -> list[Any]:
                 parent, name=f"{base}[{params}]", nodeid=parent.id.child(base).with_params(params),
                 spec=spec, mode=mode, device=device, state=state))
     return items
+
+
+def _short(name: str) -> str:
+    """The last dotted part of a spec name, dots inside parentheses kept
+    (``mod.partial(scale.inner)`` -> ``partial(scale.inner)``)."""
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):
+        depth += name[i] == ")"
+        depth -= name[i] == "("
+        if name[i] == "." and depth == 0:
+            return name[i + 1:]
+    return name
 
 
 def _collect_modules(session: Any, state: Any) -> Iterator[Any]:

@@ -184,7 +184,7 @@ def _hypothesis_test(spec: Spec, cfg: Settings, mode: Mode, device: str, run_see
     hyp = hypothesis.settings(
         cfg.hypothesis_settings if cfg.hypothesis_settings is not None else None,
         max_examples=cfg.max_examples,
-        deadline=None,
+        deadline=cfg._hypothesis_deadline(),
         derandomize=cfg.derandomize,
         phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+import math
+import sys
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
@@ -23,6 +26,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 Location = Any  # "out", an int index, or a str key into the reference's result
 
 _REGISTRY: dict[str, "Spec"] = {}
+#: id(spec) -> (spec, the namespace (module globals) that registered it): a module executed
+#: again (re-imported) replaces its specs; two specs of one execution with one name are two
+_ORIGINS: dict[int, tuple["Spec", dict[str, Any]]] = {}
+
+
+def _origin(spec: "Spec") -> dict[str, Any] | None:
+    entry = _ORIGINS.get(id(spec))
+    return entry[1] if entry is not None and entry[0] is spec else None
 
 # registers nn.Module pairs (installed by equiv.modules on import): (ref, module options, the
 # other options) -> a decorator, or None when ``ref`` and the options are not a module pair
@@ -60,6 +71,8 @@ class Spec:
     # where the reference runs (equiv.numerics): a floating dtype and/or a device, or None
     reference_dtype: Any = None
     reference_device: str | None = None
+    #: the module the spec belongs to (collected by ``equiv check``, ``tests_for(module)``)
+    module: str = ""
 
     @property
     def implementation(self) -> str:
@@ -71,10 +84,72 @@ class Spec:
 
 
 def _qualname(fn: Any) -> str:
+    """A deterministic dotted name: no memory address, so every process (xdist workers) agrees."""
+    if isinstance(fn, functools.partial):
+        return f"functools.partial({_qualname(fn.func)})"
+    qn = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     mod = getattr(fn, "__module__", None) or ""
-    qn = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    if not isinstance(qn, str):  # a callable object: named by its class
+        cls = type(fn)
+        qn, mod = f"{cls.__qualname__}()", cls.__module__
     mod = "" if mod in ("__main__", "builtins") else mod + "."
     return mod + qn
+
+
+def _owner_module(target: Any, caller: str) -> str:
+    """The module a spec belongs to: a function's or class's own ``__module__``; for a partial,
+    a callable object or an op, the module that applied the decorator."""
+    if inspect.isfunction(target) or inspect.isclass(target) or inspect.ismethod(target):
+        mod = getattr(target, "__module__", None)
+        if isinstance(mod, str) and mod not in ("builtins", "functools"):
+            return mod
+    return caller
+
+
+def _register(spec: "Spec", origin: dict[str, Any], explicit: bool) -> "Spec":
+    """Add ``spec`` to the registry under a unique name and return it (renamed if needed).
+
+    A spec of a module executed again replaces that module's earlier specs. Within one
+    execution, automatic names that collide (factory-made functions with one qualname, two
+    lambdas) get ``#2``, ``#3``... in definition order; a duplicate explicit ``name=`` is an
+    :class:`InvalidArgument` naming both implementations.
+    """
+    name = spec.name
+    old = _REGISTRY.get(name)
+    stale = None if old is None else _origin(old)
+    if old is not None and stale is not origin and old.module == spec.module:
+        # the module was executed again: forget the specs of its earlier execution
+        for n, s in list(_REGISTRY.items()):
+            if s.module == spec.module and (s is old or (stale is not None
+                                                          and _origin(s) is stale)):
+                del _REGISTRY[n]
+        old = None
+    if old is not None and old.impl is not spec.impl:
+        if explicit:
+            raise InvalidArgument(
+                f"equivalent_to(name={name!r}) is already the name of the spec of "
+                f"{old.implementation}; {spec.implementation} needs another name (spec names "
+                "must be unique: equiv check, equiv list and pytest ids use them).")
+        n = 2
+        while f"{name}#{n}" in _REGISTRY and _REGISTRY[f"{name}#{n}"].impl is not spec.impl:
+            n += 1
+        spec = dataclasses.replace(spec, name=f"{name}#{n}")
+    _REGISTRY[spec.name] = spec
+    _ORIGINS[id(spec)] = (spec, origin)
+    return spec
+
+
+def _number(where: str, label: str, value: Any, *, positive: bool = False,
+            integer: bool = False) -> None:
+    """Reject booleans, NaN, infinities and negative (or zero, when ``positive``) values."""
+    kinds = (int,) if integer else (int, float)
+    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value) and (
+        value > 0 if positive else value >= 0)
+    if not ok:
+        want = "an integer" if integer else "a number"
+        raise InvalidArgument(
+            f"{where}({label}={value!r}): give {want} {'> 0' if positive else '>= 0'} "
+            f"(finite; not a bool or NaN).")
 
 
 def registry() -> dict[str, Spec]:
@@ -138,26 +213,47 @@ def equivalent_to(
     ``reference_dtype``/``reference_device`` run the reference in another floating dtype or on
     another device (e.g. ``torch.float64``, ``"cpu"``) and compare at the implementation's; they
     win over ``check()``'s arguments and the command-line flags, like the other settings.
-    ``ref`` may be an ``nn.Module`` class or instance, and then ``module_options`` (``init``,
-    ``state_map``, ``input_shapes``, ``train``, ``eval``, ``repeat``) describe the pair: see
-    :mod:`equiv.modules`.
     ``block_sizes`` (e.g. ``(64,)``) steers derived inputs toward lengths ``k*b - 1, k*b,
-    k*b + 1`` along one dim, for kernels that tile by ``b``.
-    Returns the implementation unchanged, with ``__equiv_spec__`` attached.
+    k*b + 1`` along one dim. ``ref`` may be an ``nn.Module`` class or instance, with
+    ``module_options`` describing the pair (:mod:`equiv.modules`). Returns the implementation
+    unchanged, with ``__equiv_spec__`` attached (docs/reference.md lists every option).
     """
-    module_pair = _MODULE_HOOK and _MODULE_HOOK(ref, module_options, dict(
+    options = dict(
         mutates=mutates, inputs=inputs, examples=examples, rtol=rtol, atol=atol,
         settings=settings, name=name, variants=variants, schedules=schedules,
         parameters=parameters, max_memory_ratio=max_memory_ratio,
         max_retained_bytes=max_retained_bytes, aliases=aliases, error_inputs=error_inputs,
-        raises=raises, match=match, block_sizes=block_sizes))
-    ref_dtype, ref_device = validate_reference(reference_dtype, reference_device,
-                                               "equivalent_to")
+        raises=raises, match=match, block_sizes=block_sizes)
+    module_pair = _MODULE_HOOK and _MODULE_HOOK(ref, module_options, dict(options))
+    placement = validate_reference(reference_dtype, reference_device, "equivalent_to")
     if module_pair is not None:
-        if (ref_dtype, ref_device) != (None, None):
+        if placement != (None, None):
             raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=) are not "
                                   "supported for nn.Module pairs; pass them to check().")
         return module_pair
+    _validate_plain_options(ref, options)
+    options["block_sizes"] = _validate_block_sizes(block_sizes)
+
+    def decorate(impl: F) -> F:
+        caller = sys._getframe(1).f_globals  # the namespace applying the decorator
+        spec = _register(_build_spec(impl, ref, options, placement, caller), caller,
+                         explicit=name is not None)
+        try:
+            impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            _REGISTRY.pop(spec.name, None)
+            raise InvalidArgument(
+                f"cannot attach a spec to {_qualname(impl)}; decorate a Python function that "
+                "calls it instead."
+            ) from None
+        return impl
+
+    return decorate
+
+
+def _validate_plain_options(ref: Any, o: dict[str, Any]) -> None:
+    """The options that need no signature, validated when ``equivalent_to`` is called."""
+    rtol, atol, name, settings = o["rtol"], o["atol"], o["name"], o["settings"]
     if not callable(ref):
         raise InvalidArgument(
             f"equivalent_to(ref=...) must be the pure reference function, got "
@@ -168,59 +264,59 @@ def equivalent_to(
             f"equivalent_to(rtol={rtol!r}, atol={atol!r}): give both rtol and atol, or neither "
             "to use torch.testing.assert_close's default for each dtype."
         )
-    for label, tol in (("rtol", rtol), ("atol", atol)):
-        if tol is not None and (not isinstance(tol, (int, float)) or tol < 0):
-            raise InvalidArgument(f"equivalent_to({label}={tol!r}): give a number >= 0.")
+    for label, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None:
+            _number("equivalent_to", label, value)
+    if o["max_memory_ratio"] is not None:
+        _number("equivalent_to", "max_memory_ratio", o["max_memory_ratio"], positive=True)
+    if o["max_retained_bytes"] is not None:
+        _number("equivalent_to", "max_retained_bytes", o["max_retained_bytes"], integer=True)
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise InvalidArgument(
+            f"equivalent_to(name={name!r}): give a non-empty string, e.g. name='relu_inplace'.")
     if settings is not None and not isinstance(settings, Settings):
         raise InvalidArgument(
             f"equivalent_to(settings=...) takes an equiv.settings object, got "
             f"{type(settings).__name__}."
         )
 
-    blocks = _validate_block_sizes(block_sizes)
 
-    def decorate(impl: F) -> F:
-        if not callable(impl):
-            raise InvalidArgument(f"@equivalent_to decorates a callable, got {impl!r:.60}.")
-        target = _callable_target(impl)
-        try:
-            sig = inspect.signature(target)
-        except (TypeError, ValueError) as e:
-            raise InvalidArgument(
-                f"cannot read the signature of {_qualname(impl)} ({e}); wrap it in a plain "
-                "Python function with named parameters."
-            ) from None
-        contract = _validate_mutates(mutates, sig, impl)
-        _validate_ref_signature(ref, sig, impl)
-        strategy, derived = _resolve_inputs(inputs, sig, impl)
-        exs = _validate_examples(examples, sig, impl)
-        kinds = validate_variants(variants, _qualname(impl), derived)
-        scheds, params = validate_options(sig, _qualname(impl), schedules, parameters,
-                                          max_memory_ratio, max_retained_bytes)
-        alias_map, err_inputs, err_type, err_match = validate_contracts(
-            sig, _qualname(impl), aliases, error_inputs, raises, match)
-        spec = Spec(
-            impl=target, ref=ref, name=name or _qualname(target), mutates=contract,
-            inputs=strategy, examples=exs, rtol=None if rtol is None else float(rtol),
-            atol=None if atol is None else float(atol), settings=settings, signature=sig,
-            derived_inputs=derived, variants=kinds,
-            schedules=scheds, parameters=params,
-            max_memory_ratio=None if max_memory_ratio is None else float(max_memory_ratio),
-            max_retained_bytes=max_retained_bytes, aliases=alias_map,
-            error_inputs=err_inputs, raises=err_type, match=err_match,
-            block_sizes=blocks, reference_dtype=ref_dtype, reference_device=ref_device,
-        )
-        try:
-            impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
-        except (AttributeError, TypeError):
-            raise InvalidArgument(
-                f"cannot attach a spec to {_qualname(impl)}; decorate a Python function that "
-                "calls it instead."
-            ) from None
-        _REGISTRY[spec.name] = spec
-        return impl
-
-    return decorate
+def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, str | None],
+                caller: dict[str, Any]) -> Spec:
+    """The spec of ``impl``: its signature read and every signature-bound option validated."""
+    if not callable(impl):
+        raise InvalidArgument(f"@equivalent_to decorates a callable, got {impl!r:.60}.")
+    target = _callable_target(impl)
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(
+            f"cannot read the signature of {_qualname(impl)} ({e}); wrap it in a plain "
+            "Python function with named parameters."
+        ) from None
+    who = _qualname(impl)
+    contract = _validate_mutates(o["mutates"], sig, impl)
+    _validate_ref_signature(ref, sig, impl)
+    strategy, derived = _resolve_inputs(o["inputs"], sig, impl)
+    scheds, params = validate_options(sig, who, o["schedules"], o["parameters"],
+                                      o["max_memory_ratio"], o["max_retained_bytes"])
+    alias_map, err_inputs, err_type, err_match = validate_contracts(
+        sig, who, o["aliases"], o["error_inputs"], o["raises"], o["match"])
+    rtol, atol, ratio = o["rtol"], o["atol"], o["max_memory_ratio"]
+    return Spec(
+        impl=target, ref=ref, name=o["name"] or _qualname(target), mutates=contract,
+        inputs=strategy, examples=_validate_examples(o["examples"], sig, impl),
+        rtol=None if rtol is None else float(rtol), atol=None if atol is None else float(atol),
+        settings=o["settings"], signature=sig, derived_inputs=derived,
+        variants=validate_variants(o["variants"], who, derived),
+        schedules=scheds, parameters=params,
+        max_memory_ratio=None if ratio is None else float(ratio),
+        max_retained_bytes=o["max_retained_bytes"], aliases=alias_map,
+        error_inputs=err_inputs, raises=err_type, match=err_match,
+        block_sizes=o["block_sizes"], reference_dtype=placement[0],
+        reference_device=placement[1],
+        module=_owner_module(target, str(caller.get("__name__", ""))),
+    )
 
 
 def _validate_block_sizes(value: Any) -> tuple[int, ...]:
@@ -281,6 +377,12 @@ def _validate_mutates(mutates: Any, sig: inspect.Signature, impl: Any) -> dict[s
                 f"equivalent_to(mutates={{{arg!r}: {loc!r}}}): the location must be 'out' (the "
                 "reference's whole result), an int index or a str key into its result."
             )
+        kind = _non_tensor_annotation(params[arg].annotation)
+        if kind is not None:
+            raise InvalidArgument(
+                f"equivalent_to(mutates=...) names {arg!r}, annotated {kind} in "
+                f"{_qualname(impl)}{sig}: a {kind} cannot be written in place, so nothing "
+                "would be compared. Name only tensor arguments the implementation writes.")
         out[arg] = loc
     if "out" in out.values() and len(out) > 1:
         raise InvalidArgument(
@@ -289,6 +391,21 @@ def _validate_mutates(mutates: Any, sig: inspect.Signature, impl: Any) -> dict[s
             "have the reference return a tuple and use indices, e.g. {'m': 0, 'v': 1}."
         )
     return out
+
+
+_SCALARS = {"float": float, "int": int, "bool": bool, "str": str, "complex": complex,
+            "bytes": bytes}
+
+
+def _non_tensor_annotation(annotation: Any) -> str | None:
+    """The name of a scalar annotation (``float``, ``"int"``...), else None (a tensor or
+    anything equiv cannot tell)."""
+    if isinstance(annotation, str):
+        return annotation if annotation in _SCALARS else None
+    for name, t in _SCALARS.items():
+        if annotation is t:
+            return name
+    return None
 
 
 def _validate_ref_signature(ref: Any, sig: inspect.Signature, impl: Any) -> None:
@@ -322,7 +439,7 @@ def _resolve_inputs(inputs: Any, sig: inspect.Signature, impl: Any) -> tuple[Any
                 f"tuples or equiv.Args, got {type(inputs).__name__}; e.g. "
                 "inputs=st.tuples(equiv.strategies.tensors(shape=(3,)))."
             )
-        return inputs, False
+        return inputs.map(_fits(sig, impl)), False
     try:
         return arguments_for(sig), True
     except ValueError as e:
@@ -330,6 +447,31 @@ def _resolve_inputs(inputs: Any, sig: inspect.Signature, impl: Any) -> tuple[Any
             f"cannot derive inputs for {_qualname(impl)}{sig}: {e}. Pass "
             "inputs=<a Hypothesis strategy of argument tuples>."
         ) from None
+
+
+def _fits(sig: inspect.Signature, impl: Any) -> Callable[[Any], Any]:
+    """A check applied to every example an ``inputs=`` strategy draws: one that does not fit
+    the signature is an :class:`InvalidArgument` naming ``inputs=`` and the expected arity."""
+    required = [p.name for p in sig.parameters.values() if p.default is inspect.Parameter.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    name = _qualname(impl)
+
+    def fits(example: Any) -> Any:
+        try:
+            a = as_args(example)
+            sig.bind(*a.args, **a.kwargs)
+        except TypeError as e:
+            got = (f"a tuple of {len(example)}" if isinstance(example, tuple)
+                   else f"a {type(example).__name__}")
+            raise InvalidArgument(
+                f"equivalent_to(inputs=...) produced a bad example for {name}{sig}: it drew "
+                f"{got} ({e}); the strategy must "
+                f"produce tuples of {len(required)} argument(s), one per parameter "
+                f"({', '.join(required)}), or equiv.Args(...) that bind to the signature."
+            ) from None
+        return example
+
+    return fits
 
 
 def _validate_examples(examples: Any, sig: inspect.Signature, impl: Any) -> tuple[Any, ...]:

@@ -73,3 +73,23 @@ def test_relative_links_resolve():
             if not (doc.parent / target).exists():
                 broken.append(f"{doc.relative_to(ROOT)} -> {target}")
     assert not broken, broken
+
+
+@pytest.mark.parametrize("name", ["equivalent_to", "check"])
+def test_reference_signatures_are_the_real_ones(name):
+    """docs/reference.md shows equivalent_to's and check()'s real signature, every parameter."""
+    import inspect
+
+    import equiv
+
+    sig = inspect.signature(getattr(equiv, name))
+    shown = []
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            shown.append(f"**{p.name}")
+        elif p.default is p.empty:
+            shown.append(p.name)
+        else:
+            shown.append(f"{p.name}={p.default!r}")
+    text = f"{name}({shown[0]}, *, {', '.join(shown[1:])})"
+    assert f"`{text}" in (ROOT / "docs" / "reference.md").read_text()
