@@ -139,16 +139,13 @@ def _register(spec: "Spec", origin: dict[str, Any], explicit: bool) -> "Spec":
     return spec
 
 
-def _number(where: str, label: str, value: Any, *, positive: bool = False,
-            integer: bool = False) -> None:
+def _number(where: str, label: str, value: Any, *, positive: bool = False) -> None:
     """Reject booleans, NaN, infinities and negative (or zero, when ``positive``) values."""
-    kinds = (int,) if integer else (int, float)
-    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value) and (
-        value > 0 if positive else value >= 0)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+        math.isfinite(value) and (value > 0 if positive else value >= 0))
     if not ok:
-        want = "an integer" if integer else "a number"
         raise InvalidArgument(
-            f"{where}({label}={value!r}): give {want} {'> 0' if positive else '>= 0'} "
+            f"{where}({label}={value!r}): give a number {'> 0' if positive else '>= 0'} "
             f"(finite; not a bool or NaN).")
 
 
@@ -269,8 +266,6 @@ def _validate_plain_options(ref: Any, o: dict[str, Any]) -> None:
             _number("equivalent_to", label, value)
     if o["max_memory_ratio"] is not None:
         _number("equivalent_to", "max_memory_ratio", o["max_memory_ratio"], positive=True)
-    if o["max_retained_bytes"] is not None:
-        _number("equivalent_to", "max_retained_bytes", o["max_retained_bytes"], integer=True)
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise InvalidArgument(
             f"equivalent_to(name={name!r}): give a non-empty string, e.g. name='relu_inplace'.")

@@ -18,6 +18,7 @@ def _isolated_registry():
     _REGISTRY.update(before)
 
 
-#: settings for fast tests of equiv itself: few examples, fixed seed, no database
-FAST = equiv.settings(max_examples=15, seed=1234,
+#: settings for fast tests of equiv itself: few examples, fixed seed, no database, eager only
+#: (settings() inherits the loaded profile, whose modes include compile[aot_eager])
+FAST = equiv.settings(max_examples=15, seed=1234, modes=("eager",),
                       hypothesis_settings=hypothesis.settings(database=None))

@@ -20,7 +20,7 @@ BUDGET = 60
 
 
 def default(seed: int) -> equiv.settings:
-    return equiv.settings(seed=seed, max_examples=BUDGET,
+    return equiv.settings(seed=seed, max_examples=BUDGET, modes=("eager",),
                           hypothesis_settings=hypothesis.settings(database=None))
 
 
