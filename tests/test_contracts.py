@@ -330,8 +330,8 @@ def test_a_cache_keyed_by_tensor_identity_is_caught():
         return x * cached
 
     f = failure(scaled_cached, equiv.OutputMismatch, "state-across-calls")
-    assert "of a second call, after the same tensors were updated in place, differs from the " \
-           "reference on the new values." in f.headline
+    assert "of a second call, after the same tensors were updated in place, differs from a " \
+           "first call on new tensors holding the new values." in f.headline
     assert "keyed by tensor identity" in f.likely_cause
 
 
