@@ -46,7 +46,7 @@ __all__ = ["DEFAULT_VARIANTS", "VARIANT_KINDS", "NO_VARIANT", "Variant", "excuse
 
 # relative weights of the variants drawn for one example (index 0, "none", is the shrink target;
 # Hypothesis already favours it, so its weight is small)
-_CHOICE_WEIGHTS = {"float16": 16, "bfloat16": 9, "none": 1, "transposed": 18, "permuted": 6, "sliced": 8, "window": 4,
+_CHOICE_WEIGHTS = {"float16": 48, "bfloat16": 20, "none": 1, "transposed": 18, "permuted": 6, "sliced": 8, "window": 4,
                    "channels_last": 3, "expanded": 16, "same": 20,
                    "overlapping": 30}
 _ALIAS_CHOICES = ("same", "overlapping")  # "overlapping" includes the row-column views
@@ -252,3 +252,110 @@ def excused(variant: Variant, findings: list[Any]) -> bool:
                  and "where the reference returned" in f.headline for f in findings)
     refused = variant.overlaps and all(_OVERLAP_ERROR in f.details for f in findings)
     return raised and (variant.may_raise or refused)
+
+
+# -- cotangent variants -----------------------------------------------------------------------
+# relative weights of the cotangent layouts drawn for one example ("contiguous", index 0, is the
+# shrink target: Hypothesis draws index 0 for about a third of examples already, so its weight
+# is 1; "transposed" needs two dims of size > 1)
+_COT_WEIGHTS = {"contiguous": 1, "strided": 4, "transposed": 8, "expanded": 4, "zero": 1}
+COTANGENT_KINDS: tuple[str, ...] = tuple(_COT_WEIGHTS)
+# undefined cotangents: bit i of the drawn mask leaves the (i+1)-th value from the end without
+# one (0, all defined, is the shrink target; 1: the last value, the usual unused output)
+_UNDEFINED_MASKS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class CotangentVariant:
+    """How the cotangents handed to backward look (the same on both sides). ``kind``:
+    ``"contiguous"`` (the shrink target); ``"strided"`` (every other element of a larger
+    buffer, at a storage offset); ``"transposed"`` (the last two dims' strides swapped);
+    ``"expanded"`` (one value expanded to the output's shape, every stride 0: what ``.sum()``
+    and ``.mean()`` feed back); ``"zero"`` (all zeros). ``undefined``: a bit mask of the
+    differentiated values, counted from the last, that get no cotangent (``None``, as autograd
+    passes an unused output's gradient) when there are several; at least one stays defined."""
+
+    kind: str = "contiguous"
+    undefined: int = 0
+
+    def __bool__(self) -> bool:
+        return self.kind != "contiguous" or bool(self.undefined)
+
+    def dropped(self, n: int) -> list[bool]:
+        """Which of ``n`` differentiated values get no cotangent."""
+        if n < 2:
+            return [False] * n
+        out = [bool(self.undefined >> (n - 1 - i) & 1) for i in range(n)]
+        if all(out):
+            out[0] = False
+        return out
+
+    def values(self, cots: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """The drawn (contiguous) cotangents with this variant's values: zeros, the first
+        element everywhere (expanded), ``None`` for undefined ones."""
+        if self.kind == "zero":
+            cots = [torch.zeros_like(c) for c in cots]
+        elif self.kind == "expanded":  # one value everywhere, as .sum() feeds back
+            cots = [c.reshape(-1)[0].expand(c.shape).clone() if c.numel() else c for c in cots]
+        return [None if u else c for c, u in zip(cots, self.dropped(len(cots)))]
+
+    def lay_out(self, cots: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Fresh tensors holding ``cots``' values in this variant's layout."""
+        return [None if c is None else _cot_layout(self.kind, c) for c in cots]
+
+    def describe(self, names: list[str], laid: list[torch.Tensor | None]) -> str:
+        """The finding's lines naming the cotangents, e.g. ``cotangent: transposed
+        (output: strides (1, 3))``, ``cotangent: None for output[1] (undefined, ...)``; empty
+        when every cotangent is as drawn."""
+        lines = []
+        shown = [(n, c) for n, c in zip(names, laid)
+                 if c is not None and _cot_layout_applies(self.kind, c)]
+        if self.kind == "zero" and shown:
+            lines.append("cotangent: zero (all elements 0)")
+        elif shown:
+            lines.append(f"cotangent: {self.kind} (" + ", ".join(
+                f"{n}: strides {tuple(c.stride())}"
+                + (f", offset {c.storage_offset()}" if c.storage_offset() else "")
+                for n, c in shown) + ")")
+        none = [n for n, c in zip(names, laid) if c is None]
+        if none:
+            lines.append(f"cotangent: None for {', '.join(none)} (undefined, as autograd passes "
+                         "the gradient of an unused output)")
+        return "\n".join(lines)
+
+
+CONTIGUOUS = CotangentVariant()
+
+
+def cotangent_variants() -> st.SearchStrategy[CotangentVariant]:
+    """The cotangent variant of one example: a weighted layout (index 0, contiguous, shrinks
+    first) and a mask of undefined values (0, none, shrinks first)."""
+    table = [k for k, w in _COT_WEIGHTS.items() for _ in range(w)]
+    return st.builds(lambda i, mask: CotangentVariant(table[i], mask),
+                     st.integers(0, len(table) - 1), st.integers(0, _UNDEFINED_MASKS))
+
+
+def _cot_layout_applies(kind: str, c: torch.Tensor) -> bool:
+    if kind == "zero":
+        return True
+    if kind == "transposed":
+        return c.dim() >= 2 and c.shape[-1] > 1 and c.shape[-2] > 1
+    if kind == "expanded":
+        return c.numel() >= 2
+    return kind == "strided" and c.numel() >= 1
+
+
+def _cot_layout(kind: str, c: torch.Tensor) -> torch.Tensor:
+    """A fresh tensor with ``c``'s values in the layout ``kind`` (``c`` itself when it cannot
+    show the layout)."""
+    if kind in ("contiguous", "zero") or not _cot_layout_applies(kind, c):
+        return c.clone()
+    if kind == "transposed":
+        return c.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if kind == "expanded":
+        return c.reshape(-1)[0].clone().expand(c.shape)
+    # strided: every other element of a buffer twice as large, one element in
+    base = torch.full((2 * c.numel() + 1,), _gap_value(c.dtype), dtype=c.dtype, device=c.device)
+    view = base[1::2].view(c.shape) if c.dim() else base[1]
+    view.copy_(c)
+    return view

@@ -24,7 +24,8 @@ BUDGET = 60
 
 
 def run(impl, seed: int = 0, budget: int = BUDGET, **options) -> equiv.Report:
-    cfg = equiv.settings(seed=seed, max_examples=budget, modes=("eager",),
+    options = {"modes": ("eager",), **options}
+    cfg = equiv.settings(seed=seed, max_examples=budget,
                          hypothesis_settings=hypothesis.settings(database=None), **options)
     return equiv.check(impl, settings=cfg, raise_on_failure=False)
 
@@ -371,9 +372,7 @@ def double_ref(x):
     return x * 2
 
 
-@pytest.mark.xfail(strict=True, reason="needs the engine: cotangent layout variants "
-                   "(non-contiguous, expanded stride-0, zero) drawn with the example")
-def test_backward_assuming_a_contiguous_cotangent_is_caught():
+def _double(backward):
     class Double(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -381,20 +380,42 @@ def test_backward_assuming_a_contiguous_cotangent_is_caught():
 
         @staticmethod
         def backward(ctx, grad):
-            # reads grad's memory as if it were row-major
-            flat = grad.as_strided((grad.numel(),), (1,), grad.storage_offset())
-            return flat.reshape(grad.shape) * 2
+            return backward(grad)
 
     @equivalent_to(double_ref)
     def double(x):
         return Double.apply(x)
+    return double
 
-    caught(double, "gradients", "cotangent: transposed")
+
+def test_backward_assuming_a_contiguous_cotangent_is_caught():
+    """Reads grad's memory as if it were row-major: the minimal example is a strided cotangent
+    (every other element of a buffer: the lowest non-contiguous layout)."""
+    def backward(grad):
+        flat = grad.as_strided((grad.numel(),), (1,), grad.storage_offset())
+        return flat.reshape(grad.shape) * 2
+
+    f = caught(_double(backward), "gradients", "GradientMismatch",
+               "cotangent: strided (output: strides (2,), offset 1)")
+    assert "differs from the reference on backward #1" in f.headline
 
 
-@pytest.mark.xfail(strict=True, reason="needs the engine: undefined (None) cotangents for "
-                   "some outputs of a multi-output function")
-def test_backward_wrong_on_an_undefined_gradient_is_caught():
+def test_backward_viewing_the_cotangent_is_caught_and_names_the_layout():
+    """``grad.view(-1)`` raises on a transposed or expanded cotangent (a strided 1-D one views
+    fine): the finding names the layout and its strides."""
+    def backward(grad):
+        return grad.view(-1).view(grad.shape) * 2
+
+    f = caught(_double(backward), "gradients", "backward raised RuntimeError", "cotangent: ",
+               "strides (")
+    assert "cotangent: transposed" in f.message or "cotangent: expanded" in f.message, f.message
+
+
+def test_backward_handling_any_cotangent_layout_passes():
+    passes(_double(lambda grad: grad.reshape(-1).reshape(grad.shape) * 2))
+
+
+def _both(backward):
     class Both(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -403,18 +424,40 @@ def test_backward_wrong_on_an_undefined_gradient_is_caught():
 
         @staticmethod
         def backward(ctx, g1, g2):
-            return g1 * 2 + g2 * 3  # crashes when the second output is unused (g2 is None)
+            return backward(g1, g2)
 
     @equivalent_to(lambda x: (x * 2, x * 3))
     def both(x):
         return Both.apply(x)
+    return both
 
-    caught(both, "gradients", "cotangent: None for output [1]")
+
+def test_backward_wrong_on_an_undefined_gradient_is_caught():
+    # crashes when the second output is unused (g2 is None)
+    f = caught(_both(lambda g1, g2: g1 * 2 + g2 * 3), "gradients",
+               "cotangent: None for output[1] (undefined", "TypeError")
+    assert "backward raised TypeError" in f.headline
 
 
-@pytest.mark.xfail(strict=True, reason="needs the engine: batched gradients (vmap over the VJP) "
-                   "in the vmap mode")
-def test_batched_gradient_bug_is_caught_in_vmap_mode():
+def test_backward_handling_undefined_gradients_passes():
+    def backward(g1, g2):
+        if g1 is None and g2 is None:
+            return None
+        return sum(g * k for g, k in ((g1, 2), (g2, 3)) if g is not None)
+
+    passes(_both(backward))
+
+
+def test_backward_zeroing_an_undefined_gradient_wrongly_is_caught():
+    """Treating an undefined gradient as ones (not zeros) is wrong only when it is undefined."""
+    def backward(g1, g2):
+        g2 = torch.ones_like(g1) if g2 is None else g2
+        return g1 * 2 + g2 * 3
+
+    caught(_both(backward), "gradients", "GradientMismatch", "cotangent: None for output[1]")
+
+
+def _double_batched(backward):
     class Double(torch.autograd.Function):
         generate_vmap_rule = True
 
@@ -428,15 +471,28 @@ def test_batched_gradient_bug_is_caught_in_vmap_mode():
 
         @staticmethod
         def backward(ctx, grad):
-            out = torch.zeros(ctx.shape, dtype=grad.dtype)
-            out.copy_(grad * 2)  # a preallocated unbatched buffer: breaks under vmap
-            return out
+            return backward(ctx, grad)
 
     @equivalent_to(double_ref)
     def double(x):
         return Double.apply(x)
+    return double
 
-    caught(double, "gradients", "batched gradient", modes=("vmap",))
+
+def test_batched_gradient_bug_is_caught_in_vmap_mode():
+    def backward(ctx, grad):
+        out = torch.zeros(ctx.shape, dtype=grad.dtype)
+        out.copy_(grad * 2)  # a preallocated unbatched buffer: breaks under vmap
+        return out
+
+    f = caught(_double_batched(backward), "gradients", "batched gradient",
+               "aten::copy_", modes=("vmap",))
+    assert f.mode == "vmap" and "backward raised RuntimeError" in f.headline
+
+
+def test_batched_gradient_twin_passes_in_vmap_mode():
+    passes(_double_batched(lambda ctx, grad: torch.zeros_like(grad).copy_(grad * 2)),
+           modes=("vmap",))
 
 
 @pytest.mark.xfail(strict=True, reason="needs the engine: write_only= on equivalent_to and NaN "

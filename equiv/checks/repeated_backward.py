@@ -8,7 +8,7 @@ from typing import Any
 
 from equiv.compare import compare_leaf
 from equiv.execution.calls import format_tb
-from equiv.execution.record import Sink, cotangent_written
+from equiv.execution.record import Sink, cotangent_written, name_cotangent
 from equiv.execution.script import explain_backwards
 
 NAME = "repeated-backward"
@@ -22,6 +22,7 @@ def run(ex: Any, sink: Sink) -> None:
     first = len(sink.findings)
     _repeat(ex, sink)
     if len(sink.findings) > first:
+        name_cotangent(ex, sink, first)
         explain_backwards(ex, sink, first)
 
 
