@@ -41,7 +41,7 @@ from equiv.execution.transforms import Unsupported, jvp_run, vmap_runs
 from equiv.modes import ModeRun
 from equiv.report import Finding
 from equiv.spec import Spec
-from equiv.variants import CONTIGUOUS, CotangentVariant
+from equiv.variants import CONTIGUOUS, CotangentVariant, poisoning
 
 _MODULES: dict[str, ModuleType] = {m.NAME: m for m in (
     error_parity, forward, mutation, aliasing, no_grad, gradients, repeated_backward, mark_dirty,
@@ -105,6 +105,9 @@ def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: 
         return Outcome(sink.findings, None, sink.notes, sink.template)
     place = place or Placement(mode.name, mode.kind, device, state.impl_fn(), None,
                                state.ref_device, state.ref_dtype)
+    if spec.write_only:  # the implementation's side: write-only buffers hold NaN at each call
+        place = dataclasses.replace(place, impl_fn=poisoning(
+            spec.signature, spec.write_only, place.impl_fn or spec.impl))
     ex = execute(spec, cfg, args, cot_seed, place)
     ex.error_input = isinstance(args, ErrorArgs)
     ex.cot_variant = cotangent

@@ -388,6 +388,7 @@ def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str,
         return findings
     if not {f.check for f in again.findings} & {f.check for f in findings}:
         return [_with(f, attribution=FLAKY) for f in findings]
+    findings = _write_only_read(spec, cfg, state, device, found, findings)
     if mode.kind == "eager":
         return findings
     eager_place = Placement("eager", "eager", device, None, None, state.ref_device,
@@ -406,6 +407,23 @@ def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str,
         except (NotCompiled, InvalidArgument):
             pass
     return [_with(f, attribution=_attribution(f, mode, eager_checks, ref_diverges))
+            for f in findings]
+
+
+def _write_only_read(spec: Spec, cfg: Settings, state: ModeRun, device: str, found: "_Found",
+                     findings: list[Finding]) -> list[Finding]:
+    """Findings that vanish when the write-only arguments are not filled with NaN say that the
+    implementation read those arguments' old contents."""
+    if not spec.write_only:
+        return findings
+    clean = execute_example(dataclasses.replace(spec, write_only=()), cfg, found.example,
+                            found.cot_seed, state, device, cotangent=found.cotangent)
+    gone = {f.check for f in findings} - {f.check for f in clean.findings}
+    names = ", ".join(repr(n) for n in spec.write_only)
+    line = (f"write-only argument {names} was read: the implementation was handed it filled "
+            "with NaN (integers: a sentinel) and its result depends on those old contents; "
+            "with the drawn values left in it, this example passes this check")
+    return [_with(f, details=f"{f.details}\n{line}".lstrip()) if f.check in gone else f
             for f in findings]
 
 

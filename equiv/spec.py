@@ -56,6 +56,8 @@ class Spec:
     match: str | None = None
     #: block sizes that derived inputs straddle (lengths k*b-1, k*b, k*b+1 along one dim)
     block_sizes: tuple[int, ...] = ()
+    #: mutated arguments the implementation overwrites entirely (filled with NaN before its call)
+    write_only: tuple[str, ...] = ()
 
     @property
     def implementation(self) -> str:
@@ -110,6 +112,7 @@ def equivalent_to(
     raises: type[BaseException] | None = None,
     match: str | None = None,
     block_sizes: Sequence[int] = (),
+    write_only: Sequence[str] = (),
     **module_options: Any,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
@@ -134,6 +137,9 @@ def equivalent_to(
     :mod:`equiv.modules`.
     ``block_sizes`` (e.g. ``(64,)``) steers derived inputs toward lengths ``k*b - 1, k*b,
     k*b + 1`` along one dim, for kernels that tile by ``b``.
+    ``write_only`` names mutated arguments the implementation overwrites entirely (an ``out=``
+    buffer, a workspace): before each call of the implementation they are filled with NaN
+    (integers: a sentinel), so a kernel that reads their stale contents is caught.
     Returns the implementation unchanged, with ``__equiv_spec__`` attached.
     """
     module_pair = _MODULE_HOOK and _MODULE_HOOK(ref, module_options, dict(
@@ -164,6 +170,7 @@ def equivalent_to(
         )
 
     blocks = _validate_block_sizes(block_sizes)
+    written = _validate_write_only(write_only, mutates)
 
     def decorate(impl: F) -> F:
         if not callable(impl):
@@ -194,7 +201,7 @@ def equivalent_to(
             max_memory_ratio=None if max_memory_ratio is None else float(max_memory_ratio),
             max_retained_bytes=max_retained_bytes, aliases=alias_map,
             error_inputs=err_inputs, raises=err_type, match=err_match,
-            block_sizes=blocks,
+            block_sizes=blocks, write_only=written,
         )
         try:
             impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
@@ -221,6 +228,27 @@ def _validate_block_sizes(value: Any) -> tuple[int, ...]:
             "sizes your kernel tiles by, e.g. block_sizes=(64,) or block_sizes=(16, 128)."
         )
     return tuple(sorted(set(blocks)))
+
+
+def _validate_write_only(value: Any, mutates: Any) -> tuple[str, ...]:
+    names = (value,) if isinstance(value, str) else value
+    try:
+        names = tuple(names)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise InvalidArgument(
+            f"equivalent_to(write_only={value!r:.60}): give a tuple of argument names, e.g. "
+            "write_only=('out',).")
+    declared = set(mutates) if isinstance(mutates, Mapping) else set()
+    undeclared = [n for n in names if n not in declared]
+    if undeclared:
+        raise InvalidArgument(
+            f"equivalent_to(write_only={names!r}): {undeclared} not declared in mutates= "
+            f"({sorted(declared)}); a write-only argument is a mutated one the implementation "
+            "overwrites entirely: declare it in mutates= too, e.g. mutates={'out': 'out'}, "
+            "write_only=('out',).")
+    return tuple(dict.fromkeys(names))
 
 
 def _callable_target(impl: Any) -> Any:

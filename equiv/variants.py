@@ -29,6 +29,7 @@ shapes, planted zeros and ties); it is reported with the variant, and broadcast 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any, Iterable
 
@@ -36,6 +37,7 @@ import torch
 from hypothesis import strategies as st
 
 from equiv._args import Args, as_args
+from equiv._compat import tree_flatten
 from equiv._options import DEFAULT_VARIANTS, VARIANT_KINDS, validate_variants
 from equiv.strategies import DERIVED_NOTE, layouts
 from equiv.strategies._layouts import _gap_value
@@ -359,3 +361,64 @@ def _cot_layout(kind: str, c: torch.Tensor) -> torch.Tensor:
     view = base[1::2].view(c.shape) if c.dim() else base[1]
     view.copy_(c)
     return view
+
+
+# -- write-only buffers -----------------------------------------------------------------------
+def poison_value(dtype: torch.dtype) -> Any:
+    """What a write-only argument is filled with before the implementation's call: NaN, or for
+    integers their smallest value (bool: True)."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    return torch.iinfo(dtype).min
+
+
+def poisoning(signature: inspect.Signature, names: tuple[str, ...],
+              fn: Any) -> Any:
+    """``fn`` with the tensors of the write-only arguments ``names`` filled with
+    :func:`poison_value` before each call (not where a tensor shares storage with another
+    argument: that one would be poisoned too). The caller's tensors are the copies the core
+    made for the implementation's side."""
+    @functools.wraps(fn)
+    def poisoned(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return fn(*args, **kwargs)
+        others = {t.untyped_storage().data_ptr() for n, v in bound.arguments.items()
+                  if n not in names for t in _tensors(v)}
+        saved = []
+        with torch.no_grad():
+            for n in names:
+                for t in _tensors(bound.arguments.get(n)):
+                    if t.untyped_storage().data_ptr() in others or t.numel() == 0:
+                        continue
+                    try:
+                        old = t.detach().clone()
+                        t.detach().fill_(poison_value(t.dtype))
+                        saved.append((t, old))
+                    except RuntimeError:  # e.g. an expanded buffer cannot be written
+                        pass
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            _unpoison(saved)
+            raise
+
+    return poisoned
+
+
+def _unpoison(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """After the implementation raised: a buffer it left untouched gets its contents back (the
+    NaN was equiv's write, not the implementation's); a partly written one stays as it is."""
+    with torch.no_grad():
+        for t, old in saved:
+            v, poison = t.detach(), poison_value(t.dtype)
+            untouched = v.isnan().all() if isinstance(poison, float) else (v == poison).all()
+            if bool(untouched):
+                v.copy_(old)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]

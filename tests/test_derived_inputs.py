@@ -495,17 +495,74 @@ def test_batched_gradient_twin_passes_in_vmap_mode():
            modes=("vmap",))
 
 
-@pytest.mark.xfail(strict=True, reason="needs the engine: write_only= on equivalent_to and NaN "
-                   "poisoning of write-only buffers on the implementation's side")
+def add_out_ref(x, y, out):
+    return x + y
+
+
+def _add_out(kernel, **options):
+    @equivalent_to(add_out_ref, mutates={"out": "out"}, **options)
+    def add_out(x, y, out):
+        return kernel(x, y, out)
+    return add_out
+
+
+def _reads_out(x, y, out):
+    return out.mul_(0).add_(x + y)  # reads out: 0 * stale is 0 unless stale is nan/inf
+
+
 def test_out_kernel_reading_its_buffer_is_caught_by_poisoning():
-    def add_ref(x, y, out):
+    f = caught(_add_out(_reads_out, write_only=("out",)), "mutation",
+               "write-only argument 'out' was read")
+    assert "final value of mutated argument" in f.headline
+
+
+def test_out_kernel_reading_its_buffer_passes_without_write_only():
+    """The control: with the drawn (finite) values in the buffer the bug is invisible."""
+    passes(_add_out(_reads_out))
+
+
+def test_out_kernel_overwriting_its_buffer_passes_poisoned():
+    passes(_add_out(lambda x, y, out: out.copy_(x + y), write_only=("out",)))
+
+
+def test_poisoning_leaves_the_callers_tensors_and_the_reference_alone():
+    seen = []
+
+    def ref(x, y, out):
+        seen.append(bool(out.isnan().any()))
         return x + y
 
-    @equivalent_to(add_ref, mutates={"out": "out"}, write_only=("out",))
+    @equivalent_to(ref, mutates={"out": "out"}, write_only=("out",),
+                   examples=[(torch.ones(2), torch.ones(2), torch.zeros(2))])
     def add_out(x, y, out):
-        return out.mul_(0).add_(x + y)  # reads out: 0 * stale is 0 unless stale is nan/inf
+        assert out.isnan().all()
+        return out.copy_(x + y)
 
-    caught(add_out, "mutation", "write-only argument 'out' was read")
+    assert run(add_out, budget=5).ok
+    assert seen and not any(seen)
+
+
+def test_poisoned_buffer_is_restored_when_both_sides_raise():
+    """Raising before writing is no partial write: the NaN was equiv's, not the kernel's."""
+    def ref(x, y, out):
+        if x.dim() == 0:
+            raise ValueError("add_out: 0-d inputs are not supported")
+        return x + y
+
+    @equivalent_to(ref, mutates={"out": "out"}, write_only=("out",), raises=ValueError)
+    def add_out(x, y, out):
+        if x.dim() == 0:
+            raise ValueError("add_out: 0-d inputs are not supported")
+        return out.copy_(x + y)
+
+    passes(add_out)
+
+
+@pytest.mark.parametrize("value, match", [
+    (("y",), r"\['y'\] not declared in mutates="), ((3,), "tuple of argument names")])
+def test_bad_write_only_fails_at_decoration(value, match):
+    with pytest.raises(equiv.InvalidArgument, match=match):
+        equivalent_to(add_out_ref, mutates={"out": "out"}, write_only=value)
 
 
 @pytest.mark.xfail(strict=True, reason="needs the engine: equiv.assert_equivalent running every "
