@@ -3,8 +3,9 @@ exact zeros and ties (only where the reference is smooth), lengths that straddle
 broadcast shapes, and the row-and-column aliasing variant. Each bug is caught through
 ``equiv.check`` from inputs derived from the signature alone; each correct twin passes.
 
-The ``xfail(strict=True)`` tests at the end need the engine (cotangent variants, batched
-gradients, write-only buffers, ``assert_equivalent``)."""
+The tests at the end exercise the engine's side: cotangent variants (layouts, zeros, undefined
+gradients of unused outputs), batched gradients in the vmap mode, write-only buffers poisoned
+with NaN, and ``equiv.assert_equivalent`` inside a user's own ``@given`` test."""
 
 from __future__ import annotations
 
@@ -367,7 +368,7 @@ def test_tile_shapes_stay_bounded(data):
     assert ex.args[0].numel() <= 4096
 
 
-# -- needs the engine ---------------------------------------------------------------------------
+# -- cotangents, batched gradients, write-only buffers, assert_equivalent ---------------------------------------------------------------------------
 def double_ref(x):
     return x * 2
 
@@ -565,17 +566,56 @@ def test_bad_write_only_fails_at_decoration(value, match):
         equivalent_to(add_out_ref, mutates={"out": "out"}, write_only=value)
 
 
-@pytest.mark.xfail(strict=True, reason="needs the engine: equiv.assert_equivalent running every "
-                   "check on one given example")
 def test_assert_equivalent_inside_a_users_given_test():
     @equivalent_to(double_ref)
     def double(x):
-        return x + x if x.dim() else x * 2.5  # wrong for 0-d
+        return x + x if x.dim() < 2 else x * 2.5  # wrong for 2-d and more
 
-    @hypothesis.settings(max_examples=20, database=None)
+    # deadline=None: the first call loads torch's autograd machinery (hundreds of ms)
+    @hypothesis.settings(max_examples=20, database=None, deadline=None)
     @given(es.tensors(shape=es.shapes(), requires_grad=True))
     def user_test(x):
         equiv.assert_equivalent(double, x)
 
-    with pytest.raises(equiv.OutputMismatch):
+    with pytest.raises(equiv.OutputMismatch) as e:
         user_test()
+    # Hypothesis shrinks the user's example: the smallest failing one is 2-d of one element
+    assert "x=f32[1,1] cpu" in e.value.report.findings[0].example
+
+
+def test_assert_equivalent_passes_a_correct_twin_and_leaves_the_tensors_alone():
+    @equivalent_to(lambda x, out: x * 2, mutates={"out": "out"}, write_only=("out",))
+    def double_out(x, out):
+        return out.copy_(x * 2)
+
+    @hypothesis.settings(max_examples=20, database=None, deadline=None)
+    @given(es.tensors(shape=es.shapes(), requires_grad=True))
+    def user_test(x):
+        out = torch.zeros(x.shape)
+        before = x.detach().clone()
+        report = equiv.assert_equivalent(double_out, x, out)
+        assert report.ok and report.examples_run == 1
+        assert torch.equal(x, before) and not out.any()
+
+    user_test()
+
+
+def test_assert_equivalent_raises_the_findings_class_with_the_example():
+    class Wrong(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3
+
+    @equivalent_to(double_ref)
+    def double(x):
+        return Wrong.apply(x)
+
+    with pytest.raises(equiv.GradientMismatch) as e:
+        equiv.assert_equivalent(double, torch.ones(2, requires_grad=True))
+    f = e.value.report.findings[0]
+    assert f.check == "gradients" and "x=f32[2]" in f.example
+    assert "equiv.assert_equivalent(double" in f.reproduce
