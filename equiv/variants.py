@@ -50,7 +50,7 @@ __all__ = ["DEFAULT_VARIANTS", "VARIANT_KINDS", "NO_VARIANT", "Variant", "excuse
 # Hypothesis already favours it, so its weight is small)
 _CHOICE_WEIGHTS = {"float16": 48, "bfloat16": 20, "none": 1, "transposed": 18, "permuted": 6, "sliced": 8, "window": 4,
                    "channels_last": 3, "expanded": 16, "same": 20,
-                   "overlapping": 30}
+                   "overlapping": 50}
 _ALIAS_CHOICES = ("same", "overlapping")  # "overlapping" includes the row-column views
 _LAYOUT_CHOICES = ("transposed", "sliced", "expanded", "permuted", "window", "channels_last")
 
@@ -156,13 +156,17 @@ def _alias(draw: Any, choice: str, values: dict, pairs: list, mutated: frozenset
     if choice != "same" and x.numel() >= 2:
         # "overlapping" is drawn as shifted views or the row and column of one base; both draw
         # a shift, so that row-column shrinks to shifted views by one choice of the same length
-        if draw(st.integers(0, 2)) > 0:  # row-column twice as often as shifted views
+        if draw(st.integers(0, 3)) > 0:  # row-column three times as often as shifted views
             choice = "row-column"
         shift = draw(st.integers(1, x.numel() - 1))
         if choice == "row-column" and x.numel() <= _ROW_COLUMN_MAX:
             values[a], values[b] = _row_and_column(x, y)
             text = (f"{a} and {b} the row and the column of one base ({a} = base[0], "
                     f"{b} = base[:, 0]: one start address, 1 shared element)")
+        elif choice == "row-column":  # too large for an n x n base: one start, stride 2
+            values[a], values[b] = _every_other(x, y)
+            text = (f"{a} and {b} start at one address ({a} = base[:n], {b} = base[::2]: "
+                    f"{b} holds every other element, {(x.numel() + 1) // 2} shared)")
         else:
             values[a], values[b] = _overlapping(x, y, shift)
             text = (f"{a} and {b} overlapping views of one base ({b} starts {shift} "
@@ -223,7 +227,8 @@ def _overlapping(x: torch.Tensor, y: torch.Tensor, shift: int) -> tuple[torch.Te
 
 
 # the row/column variant's base is n x n: only for arguments of up to this many elements
-_ROW_COLUMN_MAX = 256
+# (a base of at most 1M elements; tile-length arguments reach 1024)
+_ROW_COLUMN_MAX = 1024
 
 
 def _row_and_column(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -238,6 +243,20 @@ def _row_and_column(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, tor
         base[1:, 0] = y.detach().reshape(-1)[1:]
     base.requires_grad_(rg)
     return base[0].view(x.shape), base[:, 0].view(y.shape)
+
+
+def _every_other(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two views of one fresh base of ``2n`` elements, both starting at its first element: the
+    first is ``base[:n]`` with x's values, the second ``base[::2]`` (its elements past the
+    first's end hold y's values)."""
+    n, half = x.numel(), (x.numel() + 1) // 2
+    rg = x.requires_grad or y.requires_grad
+    with torch.no_grad():
+        base = torch.full((2 * n,), _gap_value(x.dtype), dtype=x.dtype, device=x.device)
+        base[:n] = x.detach().reshape(-1)
+        base[::2][half:] = y.detach().reshape(-1)[half:]
+    base.requires_grad_(rg)
+    return base[:n].view(x.shape), base[::2].view(y.shape)
 
 
 _OVERLAP_ERROR = "to a single memory location"  # torch refusing an in-place write

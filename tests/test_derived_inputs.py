@@ -224,6 +224,17 @@ def test_tiled_reduction_dropping_the_tail_is_caught_with_block_sizes():
     assert length > 32 and length % 32, f.example
 
 
+def test_tiled_reduction_dropping_the_tail_is_caught_with_default_lengths():
+    """Without block_sizes=: the default lengths 2^k +- 1 straddle a block of 32 too."""
+    @equivalent_to(rowsum_ref)
+    def rowsum(x):
+        return _tiled_sum(x, 32, drop_tail=True)
+
+    f = caught(rowsum, "forward", "OutputMismatch")
+    length = int(f.example.split("[")[1].split("]")[0].split(",")[-1])
+    assert length > 32 and length % 32, f.example
+
+
 def test_tiled_reduction_twin_passes():
     @equivalent_to(rowsum_ref, block_sizes=(32,))
     def rowsum(x):
