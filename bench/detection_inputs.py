@@ -4,6 +4,10 @@ example on the shipped examples: with the hard cases on and off, and (``--before
 checkout of an earlier commit) this tree against that one, interleaved in one run.
 
     python bench/detection_inputs.py [--seeds 20] [--rounds 3] [--before DIR]
+
+``DIR`` from ``git archive <commit> | tar -x -C DIR``, plus a link ``DIR/equiv/strategies ->
+DIR/strategies`` (the package maps ``equiv.strategies`` to ``strategies/``; without the link an
+editable install would import this tree's strategies into the earlier equiv).
 """
 
 from __future__ import annotations
@@ -98,7 +102,7 @@ def timing(rounds: int) -> None:
 
 
 _ONE_ROUND = """
-import pathlib, sys, time, hypothesis, equiv
+import sys, time, hypothesis, equiv, equiv.strategies
 from equiv._loader import load_target
 t, n = 0.0, 0
 for s in load_target(sys.argv[1]):
@@ -108,7 +112,7 @@ for s in load_target(sys.argv[1]):
     r = equiv.check(s, settings=cfg, raise_on_failure=False)
     t += time.perf_counter() - t0
     n += r.examples_run
-print(equiv.__file__, t, n)
+print(equiv.__file__, equiv.strategies.__file__, t, n)
 """
 
 
@@ -121,8 +125,8 @@ def versions(rounds: int, before: str) -> None:
             env = dict(os.environ, PYTHONPATH=src)
             out = subprocess.run([sys.executable, "-c", _ONE_ROUND, str(ROOT / "examples")],
                                  env=env, capture_output=True, text=True, check=True)
-            where, t, n = out.stdout.split()[-3:]
-            assert where.startswith(src), (where, src)
+            where, strategies, t, n = out.stdout.split()[-4:]
+            assert where.startswith(src) and strategies.startswith(src), (where, strategies, src)
             totals[label][0] += float(t)
             totals[label][1] += int(n)
     per = {k: 1e3 * v[0] / max(v[1], 1) for k, v in totals.items()}
