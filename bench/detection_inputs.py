@@ -124,7 +124,7 @@ def versions(rounds: int, before: str) -> None:
         for label, src in (("before", before), ("after", str(ROOT))):
             env = dict(os.environ, PYTHONPATH=src)
             out = subprocess.run([sys.executable, "-c", _ONE_ROUND, str(ROOT / "examples")],
-                                 env=env, capture_output=True, text=True, check=True)
+                                 env=env, cwd=src, capture_output=True, text=True, check=True)
             where, strategies, t, n = out.stdout.split()[-4:]
             assert where.startswith(src) and strategies.startswith(src), (where, strategies, src)
             totals[label][0] += float(t)

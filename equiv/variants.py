@@ -279,7 +279,7 @@ def excused(variant: Variant, findings: list[Any]) -> bool:
 # relative weights of the cotangent layouts drawn for one example ("contiguous", index 0, is the
 # shrink target: Hypothesis draws index 0 for about a third of examples already, so its weight
 # is 1; "transposed" needs two dims of size > 1)
-_COT_WEIGHTS = {"contiguous": 1, "strided": 4, "transposed": 8, "expanded": 4, "zero": 1}
+_COT_WEIGHTS = {"contiguous": 1, "strided": 4, "transposed": 10, "expanded": 5, "zero": 1}
 COTANGENT_KINDS: tuple[str, ...] = tuple(_COT_WEIGHTS)
 # undefined cotangents: bit i of the drawn mask leaves the (i+1)-th value from the end without
 # one (0, all defined, is the shrink target; 1: the last value, the usual unused output)
