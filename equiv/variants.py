@@ -48,7 +48,7 @@ __all__ = ["DEFAULT_VARIANTS", "VARIANT_KINDS", "NO_VARIANT", "Variant", "excuse
 
 # relative weights of the variants drawn for one example (index 0, "none", is the shrink target;
 # Hypothesis already favours it, so its weight is small)
-_CHOICE_WEIGHTS = {"float16": 48, "bfloat16": 20, "none": 1, "transposed": 18, "permuted": 6, "sliced": 8, "window": 4,
+_CHOICE_WEIGHTS = {"float16": 48, "bfloat16": 20, "none": 1, "transposed": 24, "permuted": 6, "sliced": 8, "window": 4,
                    "channels_last": 3, "expanded": 16, "same": 20,
                    "overlapping": 50}
 _ALIAS_CHOICES = ("same", "overlapping")  # "overlapping" includes the row-column views

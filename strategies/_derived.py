@@ -29,8 +29,8 @@ TILE_LENGTHS: tuple[int, ...] = tuple(sorted(
 # how many multiples of each block size are drawn (k*b - 1, k*b, k*b + 1 for k = 1..3)
 _BLOCK_MULTIPLES = 3
 # shape plans: index 0 (one shared small shape) is the shrink target; weights out of the table
-# (a tile length in about one example in three: bench/detection_inputs.py measures the rates)
-_PLANS = {"shared": 12, "tile": 12, "broadcast": 3}
+# (a tile length in about one example in four: bench/detection_inputs.py measures the rates)
+_PLANS = {"shared": 12, "tile": 9, "broadcast": 3}
 # the probe's step and the jump (relative to the values' magnitude) that counts as a kink
 _STEP = 1e-5
 _JUMP = 1e-2
