@@ -19,6 +19,7 @@ from equiv._schedule import Schedule
 from equiv.modes import Mode, compiled
 from equiv.report import Finding, ModeResult, Report
 from equiv.run import check
+from equiv._assert import assert_equivalent
 from equiv.spec import Spec, equivalent_to, registry
 import equiv.modules  # noqa: E402,F401  (registers nn.Module pairs with equivalent_to)
 
@@ -43,6 +44,7 @@ __all__ = [
     "Schedule",
     "ScheduleMismatch",
     "Spec",
+    "assert_equivalent",
     "check",
     "compiled",
     "equivalent_to",

@@ -59,8 +59,9 @@ CATALOG: tuple[CheckRow, ...] = (
              "in-place kernel returns its argument, outputs overlap only where the reference's do"),
     CheckRow("no-grad", OutputMismatch, "no_grad", ("eager",), "clean",
              "the forward contract with no input requiring grad and under torch.no_grad()"),
-    CheckRow("gradients", GradientMismatch, "gradients", ("eager", "compile", "jvp"), "valid",
-             "vector-Jacobian product for a random cotangent (jvp mode: the tangent)"),
+    CheckRow("gradients", GradientMismatch, "gradients", ("eager", "compile", "vmap", "jvp"),
+             "valid", "vector-Jacobian product for a random cotangent (vmap mode: batched "
+             "gradients, a batch of cotangents at once; jvp mode: the tangent)"),
     CheckRow("repeated-backward", GradientMismatch, "repeated_backward", ("eager", "compile"),
              "valid", "a second backward through the retained graph, same and new cotangent"),
     CheckRow("mark-dirty", GradientMismatch, "mark_dirty", ("eager",), "function",

@@ -41,6 +41,7 @@ from equiv.execution.transforms import Unsupported, jvp_run, vmap_runs
 from equiv.modes import ModeRun
 from equiv.report import Finding
 from equiv.spec import Spec
+from equiv.variants import CONTIGUOUS, CotangentVariant, poisoning
 
 _MODULES: dict[str, ModuleType] = {m.NAME: m for m in (
     error_parity, forward, mutation, aliasing, no_grad, gradients, repeated_backward, mark_dirty,
@@ -76,8 +77,10 @@ def rows_for(cfg: Settings, kind: str) -> list[CheckRow]:
 
 
 def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun,
-                    device: str, *, place: Placement | None = None) -> Outcome:
-    """Execute one example in ``state``'s mode and run every applicable check on it."""
+                    device: str, *, place: Placement | None = None,
+                    cotangent: CotangentVariant = CONTIGUOUS) -> Outcome:
+    """Execute one example in ``state``'s mode and run every applicable check on it, with
+    ``cotangent`` the layout of the cotangents every backward of the core is handed."""
     mode = state.mode
     kind = place.kind if place is not None else mode.kind
     sink = Sink(spec, cfg, place.mode if place is not None else mode.name, device)
@@ -102,8 +105,12 @@ def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: 
         return Outcome(sink.findings, None, sink.notes, sink.template)
     place = place or Placement(mode.name, mode.kind, device, state.impl_fn(), None,
                                state.ref_device, state.ref_dtype)
+    if spec.write_only:  # the implementation's side: write-only buffers hold NaN at each call
+        place = dataclasses.replace(place, impl_fn=poisoning(
+            spec.signature, spec.write_only, place.impl_fn or spec.impl))
     ex = execute(spec, cfg, args, cot_seed, place)
     ex.error_input = isinstance(args, ErrorArgs)
+    ex.cot_variant = cotangent
     sink.template, sink.dtype = ex.template, ex.template.dtype
     why = ex.rejection()
     if why is not None:  # both raised: the error contract is still checked

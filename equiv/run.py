@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure, Unsatisfiable
 
 from equiv._args import as_args
+from equiv._catalog import CHECK_NAMES
 from equiv._contracts import ErrorArgs
 from equiv._settings import settings as Settings
 from equiv.compare import dtype_tolerances
@@ -23,17 +24,27 @@ from equiv.pipeline import Outcome, execute_example, narrowed
 from equiv.report import Finding, ModeResult, Report
 from equiv.spec import Spec, get_spec
 from equiv.strategies import arguments_for, shapes
-from equiv.variants import NO_VARIANT, Variant, excused, with_variants
+from equiv.variants import (
+    CONTIGUOUS,
+    NO_VARIANT,
+    CotangentVariant,
+    Variant,
+    cotangent_variants,
+    excused,
+    with_variants,
+)
 
 
 class _Found(Exception):
     """Internal: an example produced findings (one subclass per check, so Hypothesis tracks
     distinct bugs separately and shrinks each)."""
 
-    def __init__(self, findings: list[Finding], example: Any = None, cot_seed: int = 0) -> None:
+    def __init__(self, findings: list[Finding], example: Any = None, cot_seed: int = 0,
+                 cotangent: CotangentVariant = CONTIGUOUS) -> None:
         super().__init__(findings[0].headline)
         self.findings = findings
-        self.example, self.cot_seed = example, cot_seed  # for attribution and replay
+        # for attribution and replay
+        self.example, self.cot_seed, self.cotangent = example, cot_seed, cotangent
 
 
 _SIGNALS: dict[str, type[_Found]] = {}
@@ -165,9 +176,11 @@ def _inputs(spec: Spec, cfg: Settings, mode: Mode) -> Any:
 
 
 def _hypothesis_test(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int | None,
-                     body: Callable[[Any, int, Variant], None]) -> Callable[[], None]:
+                     body: Callable[[Any, int, Variant, CotangentVariant], None],
+                     ) -> Callable[[], None]:
     """The Hypothesis test of one (spec, mode, device): draws (example, variant, cotangent
-    seed) and calls ``body``; explicit ``examples=`` first."""
+    seed, cotangent variant) and calls ``body``; explicit ``examples=`` first (contiguous
+    cotangents)."""
     # input variants run in eager mode only: under functionalize torch 2.13 crashed (SIGSEGV) on
     # an expanded in-place input, and new strides/aliasing recompile compiled modes
     kinds = spec.variants if mode.kind == "eager" else ()
@@ -175,11 +188,13 @@ def _hypothesis_test(spec: Spec, cfg: Settings, mode: Mode, device: str, run_see
     if spec.error_inputs is not None:  # one example in four from error_inputs=
         errors = spec.error_inputs.map(lambda e: (ErrorArgs.of(e), NO_VARIANT))
         drawn = st.integers(0, 3).flatmap(lambda k: errors if k == 0 else drawn)
-    strategy = st.tuples(drawn, st.integers(0, 2**31 - 1))
+    # cotangent layouts: eager and compile modes differentiate through the core's backward
+    cots = cotangent_variants() if mode.kind in ("eager", "compile") else st.just(CONTIGUOUS)
+    strategy = st.tuples(drawn, st.integers(0, 2**31 - 1), cots)
 
-    def test(ex_and_seed: tuple[tuple[Any, Variant], int]) -> None:
-        (example, variant), cot_seed = ex_and_seed
-        body(example, cot_seed, variant)
+    def test(drawn_: tuple[tuple[Any, Variant], int, CotangentVariant]) -> None:
+        (example, variant), cot_seed, cotangent = drawn_
+        body(example, cot_seed, variant, cotangent)
 
     hyp = hypothesis.settings(
         cfg.hypothesis_settings if cfg.hypothesis_settings is not None else None,
@@ -195,7 +210,7 @@ def _hypothesis_test(spec: Spec, cfg: Settings, mode: Mode, device: str, run_see
     )
     wrapped = hypothesis.given(strategy)(test)
     for ex in spec.examples:
-        wrapped = hypothesis.example(((ex, NO_VARIANT), 0))(wrapped)
+        wrapped = hypothesis.example(((ex, NO_VARIANT), 0, CONTIGUOUS))(wrapped)
     if run_seed is not None:
         wrapped = hypothesis.seed(run_seed)(wrapped)
     wrapped = hyp(wrapped)
@@ -215,7 +230,8 @@ class _ModeDriver:
         self.notes: list[str] = []
         self.last_invalid: list[str] = []
 
-    def __call__(self, example: Any, cot_seed: int, variant: Variant = NO_VARIANT) -> None:
+    def __call__(self, example: Any, cot_seed: int, variant: Variant = NO_VARIANT,
+                 cotangent: CotangentVariant = CONTIGUOUS) -> None:
         state = self.state
         if state.not_compiled is not None or state.unsupported is not None:
             return  # the mode stopped: nothing more is checked (reported, never a pass)
@@ -224,7 +240,8 @@ class _ModeDriver:
         except TypeError as e:
             raise _Abort(InvalidArgument(f"equivalent_to(inputs=...) produced a bad example: {e}"))
         try:
-            outcome = execute_example(self.spec, self.cfg, args, cot_seed, state, self.device)
+            outcome = execute_example(self.spec, self.cfg, args, cot_seed, state, self.device,
+                                      cotangent=cotangent)
         except NotCompiled:
             return
         except InvalidArgument as e:
@@ -240,7 +257,7 @@ class _ModeDriver:
         if outcome.findings:
             self.stats["first_failure"] = self.stats["first_failure"] or self.stats["runs"]
             findings = self._described(outcome, variant, args)
-            raise _signal(findings[0].check)(findings, args, cot_seed)
+            raise _signal(findings[0].check)(findings, args, cot_seed, cotangent)
 
     def _described(self, outcome: Outcome, variant: Variant, args: Any) -> list[Finding]:
         spec, template = self.spec, outcome.template
@@ -272,6 +289,9 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
     wrapped = _hypothesis_test(spec, cfg, mode, device, run_seed, driver)
     with state.context():
         found, findings = _drive(spec, mode, device, wrapped, driver.last_invalid)
+        # distinct bugs in catalog order (Hypothesis reports them in no fixed order)
+        found.sort(key=lambda e: CHECK_NAMES.index(e.findings[0].check)
+                   if e.findings[0].check in CHECK_NAMES else len(CHECK_NAMES))
         for e in found:
             findings.extend(_attribute(spec, mcfg, state, device, e))
     if state.not_compiled is not None:
@@ -364,28 +384,48 @@ def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str,
     if found.example is None:
         return findings
     try:
-        again = execute_example(spec, cfg, found.example, found.cot_seed, state, device)
+        again = execute_example(spec, cfg, found.example, found.cot_seed, state, device,
+                                cotangent=found.cotangent)
     except (NotCompiled, InvalidArgument):
         return findings
     if not {f.check for f in again.findings} & {f.check for f in findings}:
         return [_with(f, attribution=FLAKY) for f in findings]
+    findings = _write_only_read(spec, cfg, state, device, found, findings)
     if mode.kind == "eager":
         return findings
+    eager_place = Placement("eager", "eager", device, None, None, state.ref_device,
+                            state.ref_dtype)
     eager = execute_example(spec, cfg, found.example, found.cot_seed, state, device,
-                            place=Placement("eager", "eager", device, None, None,
-                                            state.ref_device, state.ref_dtype))
+                            cotangent=found.cotangent, place=eager_place)
     eager_checks = {f.check for f in eager.findings}
     ref_diverges: set[str] = set()
     if mode.kind in ("compile", "functionalize"):
         ref_spec = dataclasses.replace(spec, impl=spec.ref, mutates={})
         try:
+            ref_place = Placement(mode.name, mode.kind, device, state.ref_fn())
             ref_out = execute_example(ref_spec, cfg, found.example, found.cot_seed, state,
-                                      device, place=Placement(mode.name, mode.kind, device,
-                                                              state.ref_fn()))
+                                      device, cotangent=found.cotangent, place=ref_place)
             ref_diverges = {f.check for f in ref_out.findings}
         except (NotCompiled, InvalidArgument):
             pass
     return [_with(f, attribution=_attribution(f, mode, eager_checks, ref_diverges))
+            for f in findings]
+
+
+def _write_only_read(spec: Spec, cfg: Settings, state: ModeRun, device: str, found: "_Found",
+                     findings: list[Finding]) -> list[Finding]:
+    """Findings that vanish when the write-only arguments are not filled with NaN say that the
+    implementation read those arguments' old contents."""
+    if not spec.write_only:
+        return findings
+    clean = execute_example(dataclasses.replace(spec, write_only=()), cfg, found.example,
+                            found.cot_seed, state, device, cotangent=found.cotangent)
+    gone = {f.check for f in findings} - {f.check for f in clean.findings}
+    names = ", ".join(repr(n) for n in spec.write_only)
+    line = (f"write-only argument {names} was read: the implementation was handed it filled "
+            "with NaN (integers: a sentinel) and its result depends on those old contents; "
+            "with the drawn values left in it, this example passes this check")
+    return [_with(f, details=f"{f.details}\n{line}".lstrip()) if f.check in gone else f
             for f in findings]
 
 

@@ -73,6 +73,8 @@ class Spec:
     reference_device: str | None = None
     #: the module the spec belongs to (collected by ``equiv check``, ``tests_for(module)``)
     module: str = ""
+    #: mutated arguments the implementation overwrites entirely (filled with NaN before its call)
+    write_only: tuple[str, ...] = ()
 
     @property
     def implementation(self) -> str:
@@ -188,6 +190,7 @@ def equivalent_to(
     block_sizes: Sequence[int] = (),
     reference_dtype: Any = None,
     reference_device: str | None = None,
+    write_only: Sequence[str] = (),
     **module_options: Any,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
@@ -224,12 +227,11 @@ def equivalent_to(
     module_pair = _MODULE_HOOK and _MODULE_HOOK(ref, module_options, dict(options))
     placement = validate_reference(reference_dtype, reference_device, "equivalent_to")
     if module_pair is not None:
-        if placement != (None, None):
-            raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=) are not "
-                                  "supported for nn.Module pairs; pass them to check().")
+        _module_pair_refuses(placement, write_only)
         return module_pair
     _validate_plain_options(ref, options)
-    options["block_sizes"] = _validate_block_sizes(block_sizes)
+    options.update(block_sizes=_validate_block_sizes(block_sizes),
+                   write_only=_validate_write_only(write_only, mutates))
 
     def decorate(impl: F) -> F:
         caller = sys._getframe(1).f_globals  # the namespace applying the decorator
@@ -246,6 +248,16 @@ def equivalent_to(
         return impl
 
     return decorate
+
+
+def _module_pair_refuses(placement: tuple[Any, str | None], write_only: Any) -> None:
+    """The options an ``nn.Module`` pair does not take."""
+    if placement != (None, None):
+        raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=) are not "
+                              "supported for nn.Module pairs; pass them to check().")
+    if write_only:
+        raise InvalidArgument("equivalent_to(write_only=) is not supported for nn.Module "
+                              "pairs; it names mutated arguments of a plain function.")
 
 
 def _validate_plain_options(ref: Any, o: dict[str, Any]) -> None:
@@ -309,7 +321,7 @@ def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, st
         max_retained_bytes=o["max_retained_bytes"], aliases=alias_map,
         error_inputs=err_inputs, raises=err_type, match=err_match,
         block_sizes=o["block_sizes"], reference_dtype=placement[0],
-        reference_device=placement[1],
+        reference_device=placement[1], write_only=o["write_only"],
         module=_owner_module(target, str(caller.get("__name__", ""))),
     )
 
@@ -342,6 +354,28 @@ def validate_reference(dtype: Any, device: Any, where: str) -> tuple[Any, str | 
             raise InvalidArgument(f"{where}(reference_device={device!r}): {e}; give a torch "
                                   "device name such as 'cpu' or 'cuda'.") from None
     return dtype, device
+
+
+def _validate_write_only(value: Any, mutates: Any) -> tuple[str, ...]:
+    """``write_only=``: argument names, each declared in ``mutates=``."""
+    names = (value,) if isinstance(value, str) else value
+    try:
+        names = tuple(names)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise InvalidArgument(
+            f"equivalent_to(write_only={value!r:.60}): give a tuple of argument names, e.g. "
+            "write_only=('out',).")
+    declared = set(mutates) if isinstance(mutates, Mapping) else set()
+    undeclared = [n for n in names if n not in declared]
+    if undeclared:
+        raise InvalidArgument(
+            f"equivalent_to(write_only={names!r}): {undeclared} not declared in mutates= "
+            f"({sorted(declared)}); a write-only argument is a mutated one the implementation "
+            "overwrites entirely: declare it in mutates= too, e.g. mutates={'out': 'out'}, "
+            "write_only=('out',).")
+    return tuple(dict.fromkeys(names))
 
 
 def _callable_target(impl: Any) -> Any:

@@ -34,6 +34,7 @@ shapes, planted zeros and ties); it is reported with the variant, and broadcast 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any, Iterable
 
@@ -41,6 +42,7 @@ import torch
 from hypothesis import strategies as st
 
 from equiv._args import Args, as_args
+from equiv._compat import tree_flatten
 from equiv._options import DEFAULT_VARIANTS, VARIANT_KINDS, validate_variants
 from equiv.numerics import round_to
 from equiv.strategies import DERIVED_NOTE, layouts
@@ -52,9 +54,12 @@ __all__ = ["DEFAULT_VARIANTS", "VARIANT_KINDS", "NO_VARIANT", "Variant", "excuse
 
 # relative weights of the variants drawn for one example (index 0, "none", is the shrink target;
 # Hypothesis already favours it, so its weight is small)
-_CHOICE_WEIGHTS = {"float16": 16, "bfloat16": 9, "none": 1, "transposed": 18, "permuted": 6, "sliced": 8, "window": 4,
-                   "channels_last": 3, "expanded": 16, "same": 20,
-                   "overlapping": 30}
+_CHOICE_WEIGHTS = {"float16": 16, "bfloat16": 9, "none": 1, "transposed": 24, "permuted": 6, "sliced": 8, "window": 4,
+                   "channels_last": 3, "expanded": 20, "same": 20,
+                   "overlapping": 50}
+# the explicit "half" variant (opt-in) draws half casts more often than the default
+# "half-float32" one, which every derived-input spec has
+_HALF_OPT_IN = {"float16": 48, "bfloat16": 20}
 _ALIAS_CHOICES = ("same", "overlapping")  # "overlapping" includes the row-column views
 _LAYOUT_CHOICES = ("transposed", "sliced", "expanded", "permuted", "window", "channels_last")
 
@@ -101,7 +106,8 @@ def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
         options += ["float16", "bfloat16"]
     # the variant is the first choice (Hypothesis varies a test case's first choices most), with
     # fixed weights; index 0 (no variant) is the shrink target
-    table = [o for o in options for _ in range(_CHOICE_WEIGHTS[o])]
+    weights = {**_CHOICE_WEIGHTS, **(_HALF_OPT_IN if "half" in kinds else {})}
+    table = [o for o in options for _ in range(weights[o])]
 
     @st.composite
     def build(draw: Any) -> tuple[Any, Variant]:
@@ -161,13 +167,17 @@ def _alias(draw: Any, choice: str, values: dict, pairs: list, mutated: frozenset
     if choice != "same" and x.numel() >= 2:
         # "overlapping" is drawn as shifted views or the row and column of one base; both draw
         # a shift, so that row-column shrinks to shifted views by one choice of the same length
-        if draw(st.integers(0, 2)) > 0:  # row-column twice as often as shifted views
+        if draw(st.integers(0, 3)) > 0:  # row-column three times as often as shifted views
             choice = "row-column"
         shift = draw(st.integers(1, x.numel() - 1))
         if choice == "row-column" and x.numel() <= _ROW_COLUMN_MAX:
             values[a], values[b] = _row_and_column(x, y)
             text = (f"{a} and {b} the row and the column of one base ({a} = base[0], "
                     f"{b} = base[:, 0]: one start address, 1 shared element)")
+        elif choice == "row-column":  # too large for an n x n base: one start, stride 2
+            values[a], values[b] = _every_other(x, y)
+            text = (f"{a} and {b} start at one address ({a} = base[:n], {b} = base[::2]: "
+                    f"{b} holds every other element, {(x.numel() + 1) // 2} shared)")
         else:
             values[a], values[b] = _overlapping(x, y, shift)
             text = (f"{a} and {b} overlapping views of one base ({b} starts {shift} "
@@ -228,7 +238,8 @@ def _overlapping(x: torch.Tensor, y: torch.Tensor, shift: int) -> tuple[torch.Te
 
 
 # the row/column variant's base is n x n: only for arguments of up to this many elements
-_ROW_COLUMN_MAX = 256
+# (a base of at most 1M elements; tile-length arguments reach 1024)
+_ROW_COLUMN_MAX = 1024
 
 
 def _row_and_column(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,6 +256,20 @@ def _row_and_column(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, tor
     return base[0].view(x.shape), base[:, 0].view(y.shape)
 
 
+def _every_other(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two views of one fresh base of ``2n`` elements, both starting at its first element: the
+    first is ``base[:n]`` with x's values, the second ``base[::2]`` (its elements past the
+    first's end hold y's values)."""
+    n, half = x.numel(), (x.numel() + 1) // 2
+    rg = x.requires_grad or y.requires_grad
+    with torch.no_grad():
+        base = torch.full((2 * n,), _gap_value(x.dtype), dtype=x.dtype, device=x.device)
+        base[:n] = x.detach().reshape(-1)
+        base[::2][half:] = y.detach().reshape(-1)[half:]
+    base.requires_grad_(rg)
+    return base[:n].view(x.shape), base[::2].view(y.shape)
+
+
 _OVERLAP_ERROR = "to a single memory location"  # torch refusing an in-place write
 
 
@@ -259,3 +284,171 @@ def excused(variant: Variant, findings: list[Any]) -> bool:
                  and "where the reference returned" in f.headline for f in findings)
     refused = variant.overlaps and all(_OVERLAP_ERROR in f.details for f in findings)
     return raised and (variant.may_raise or refused)
+
+
+# -- cotangent variants -----------------------------------------------------------------------
+# relative weights of the cotangent layouts drawn for one example ("contiguous", index 0, is the
+# shrink target: Hypothesis draws index 0 for about a third of examples already, so its weight
+# is 1; "transposed" needs two dims of size > 1)
+_COT_WEIGHTS = {"contiguous": 1, "strided": 4, "transposed": 10, "expanded": 5, "zero": 1}
+COTANGENT_KINDS: tuple[str, ...] = tuple(_COT_WEIGHTS)
+# undefined cotangents: bit i of the drawn mask leaves the (i+1)-th value from the end without
+# one (0, all defined, is the shrink target; 1: the last value, the usual unused output)
+_UNDEFINED_MASKS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class CotangentVariant:
+    """How the cotangents handed to backward look (the same on both sides). ``kind``:
+    ``"contiguous"`` (the shrink target); ``"strided"`` (every other element of a larger
+    buffer, at a storage offset); ``"transposed"`` (the last two dims' strides swapped);
+    ``"expanded"`` (one value expanded to the output's shape, every stride 0: what ``.sum()``
+    and ``.mean()`` feed back); ``"zero"`` (all zeros). ``undefined``: a bit mask of the
+    differentiated values, counted from the last, that get no cotangent (``None``, as autograd
+    passes an unused output's gradient) when there are several; at least one stays defined."""
+
+    kind: str = "contiguous"
+    undefined: int = 0
+
+    def __bool__(self) -> bool:
+        return self.kind != "contiguous" or bool(self.undefined)
+
+    def dropped(self, n: int) -> list[bool]:
+        """Which of ``n`` differentiated values get no cotangent."""
+        if n < 2:
+            return [False] * n
+        out = [bool(self.undefined >> (n - 1 - i) & 1) for i in range(n)]
+        if all(out):
+            out[0] = False
+        return out
+
+    def values(self, cots: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """The drawn (contiguous) cotangents with this variant's values: zeros, the first
+        element everywhere (expanded), ``None`` for undefined ones."""
+        if self.kind == "zero":
+            cots = [torch.zeros_like(c) for c in cots]
+        elif self.kind == "expanded":  # one value everywhere, as .sum() feeds back
+            cots = [c.reshape(-1)[0].expand(c.shape).clone() if c.numel() else c for c in cots]
+        return [None if u else c for c, u in zip(cots, self.dropped(len(cots)))]
+
+    def lay_out(self, cots: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Fresh tensors holding ``cots``' values in this variant's layout."""
+        return [None if c is None else _cot_layout(self.kind, c) for c in cots]
+
+    def describe(self, names: list[str], laid: list[torch.Tensor | None]) -> str:
+        """The finding's lines naming the cotangents, e.g. ``cotangent: transposed
+        (output: strides (1, 3))``, ``cotangent: None for output[1] (undefined, ...)``; empty
+        when every cotangent is as drawn."""
+        lines = []
+        shown = [(n, c) for n, c in zip(names, laid)
+                 if c is not None and _cot_layout_applies(self.kind, c)]
+        if self.kind == "zero" and shown:
+            lines.append("cotangent: zero (all elements 0)")
+        elif shown:
+            lines.append(f"cotangent: {self.kind} (" + ", ".join(
+                f"{n}: strides {tuple(c.stride())}"
+                + (f", offset {c.storage_offset()}" if c.storage_offset() else "")
+                for n, c in shown) + ")")
+        none = [n for n, c in zip(names, laid) if c is None]
+        if none:
+            lines.append(f"cotangent: None for {', '.join(none)} (undefined, as autograd passes "
+                         "the gradient of an unused output)")
+        return "\n".join(lines)
+
+
+CONTIGUOUS = CotangentVariant()
+
+
+def cotangent_variants() -> st.SearchStrategy[CotangentVariant]:
+    """The cotangent variant of one example: a weighted layout (index 0, contiguous, shrinks
+    first) and a mask of undefined values (0, none, shrinks first)."""
+    table = [k for k, w in _COT_WEIGHTS.items() for _ in range(w)]
+    return st.builds(lambda i, mask: CotangentVariant(table[i], mask),
+                     st.integers(0, len(table) - 1), st.integers(0, _UNDEFINED_MASKS))
+
+
+def _cot_layout_applies(kind: str, c: torch.Tensor) -> bool:
+    if kind == "zero":
+        return True
+    if kind == "transposed":
+        return c.dim() >= 2 and c.shape[-1] > 1 and c.shape[-2] > 1
+    if kind == "expanded":
+        return c.numel() >= 2
+    return kind == "strided" and c.numel() >= 1
+
+
+def _cot_layout(kind: str, c: torch.Tensor) -> torch.Tensor:
+    """A fresh tensor with ``c``'s values in the layout ``kind`` (``c`` itself when it cannot
+    show the layout)."""
+    if kind in ("contiguous", "zero") or not _cot_layout_applies(kind, c):
+        return c.clone()
+    if kind == "transposed":
+        return c.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if kind == "expanded":
+        return c.reshape(-1)[0].clone().expand(c.shape)
+    # strided: every other element of a buffer twice as large, one element in
+    base = torch.full((2 * c.numel() + 1,), _gap_value(c.dtype), dtype=c.dtype, device=c.device)
+    view = base[1::2].view(c.shape) if c.dim() else base[1]
+    view.copy_(c)
+    return view
+
+
+# -- write-only buffers -----------------------------------------------------------------------
+def poison_value(dtype: torch.dtype) -> Any:
+    """What a write-only argument is filled with before the implementation's call: NaN, or for
+    integers their smallest value (bool: True)."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    return torch.iinfo(dtype).min
+
+
+def poisoning(signature: inspect.Signature, names: tuple[str, ...],
+              fn: Any) -> Any:
+    """``fn`` with the tensors of the write-only arguments ``names`` filled with
+    :func:`poison_value` before each call (not where a tensor shares storage with another
+    argument: that one would be poisoned too). The caller's tensors are the copies the core
+    made for the implementation's side."""
+    @functools.wraps(fn)
+    def poisoned(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return fn(*args, **kwargs)
+        others = {t.untyped_storage().data_ptr() for n, v in bound.arguments.items()
+                  if n not in names for t in _tensors(v)}
+        saved = []
+        with torch.no_grad():
+            for n in names:
+                for t in _tensors(bound.arguments.get(n)):
+                    if t.untyped_storage().data_ptr() in others or t.numel() == 0:
+                        continue
+                    try:
+                        old = t.detach().clone()
+                        t.detach().fill_(poison_value(t.dtype))
+                        saved.append((t, old))
+                    except RuntimeError:  # e.g. an expanded buffer cannot be written
+                        pass
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            _unpoison(saved)
+            raise
+
+    return poisoned
+
+
+def _unpoison(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """After the implementation raised: a buffer it left untouched gets its contents back (the
+    NaN was equiv's write, not the implementation's); a partly written one stays as it is."""
+    with torch.no_grad():
+        for t, old in saved:
+            v, poison = t.detach(), poison_value(t.dtype)
+            untouched = v.isnan().all() if isinstance(poison, float) else (v == poison).all()
+            if bool(untouched):
+                v.copy_(old)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]

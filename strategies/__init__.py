@@ -11,7 +11,7 @@ contiguous layout, no aliasing, float64 and simple values (distinct small half-i
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from hypothesis import strategies as st
@@ -72,6 +72,7 @@ def arguments_for(signature: inspect.Signature, *,
     shape cases off; zeros and ties stay. Examples with broadcast shapes or planted values carry
     a description the runner reports as their input variant."""
     kinds = _parameter_kinds(signature)
+    locations = dict(mutated) if isinstance(mutated, Mapping) else {}
     mutated = frozenset(mutated)
     lengths = _derived.tile_lengths(tuple(block_sizes))
     n_tensors = sum(kind == "tensor" for _, kind, _ in kinds)
@@ -82,11 +83,12 @@ def arguments_for(signature: inspect.Signature, *,
         # the dtype is the first choice: Hypothesis varies a test case's first choices most
         # the first dtype is the shrink target; the others twice as likely as listed once
         dt = draw(st.sampled_from(tuple(dtypes_[:1]) + tuple(dtypes_[1:]) * 2))
-        shp = draw(shape_strategy if shape_strategy is not None else shapes())
+        # the shape plan before the shape: an early choice, varied most by Hypothesis
         plan = (_derived.draw_plan(draw, n_tensors, tile=True, broadcast=broadcast,
                                    steer=bool(block_sizes)) if shaped else "shared")
+        shp = draw(shape_strategy if shape_strategy is not None else shapes())
         per_arg = _shapes_for(draw, plan, shp, kinds, mutated, lengths, shaped, broadcast)
-        plant = hard_cases and draw(st.integers(0, 2)) == 2
+        plant = hard_cases and draw(st.integers(0, 3)) >= 1  # about one example in two
         args: list[Any] = []
         kw: dict[str, Any] = {}
         planted: dict[int, list[int]] = {}
@@ -112,7 +114,7 @@ def arguments_for(signature: inspect.Signature, *,
             words = []
         out = Args(*args, **kw)
         if plan == "broadcast":
-            if reference is not None and not _accepts(reference, out):
+            if reference is not None and not _accepts(reference, out, signature, locations):
                 return _build_shared(draw, kinds, dt, shp)
             shown = ", ".join(f"{n} {tuple(per_arg[k])}" for k, (n, kind, _) in enumerate(kinds)
                               if kind == "tensor")
@@ -197,13 +199,24 @@ def _unplant(args: list, kw: dict, kinds: list, plain: dict[int, torch.Tensor]) 
         pos += not keyword
 
 
-def _accepts(reference: Callable[..., Any], example: Any) -> bool:
-    """Whether ``reference`` returns (does not raise) on ``example``, without gradients."""
+def _accepts(reference: Callable[..., Any], example: Any, signature: inspect.Signature,
+             locations: Mapping[str, Any]) -> bool:
+    """Whether ``reference`` returns (does not raise) on ``example``, without gradients, with
+    the final value of each mutated argument (``locations``: as in ``mutates=``) of that
+    argument's shape (an ``out=`` buffer drawn larger than the other arguments' broadcast
+    result does not fit)."""
     try:
         with torch.no_grad():
-            reference(*[a.detach() if isinstance(a, torch.Tensor) else a for a in example.args],
-                      **{k: v.detach() if isinstance(v, torch.Tensor) else v
-                         for k, v in example.kwargs.items()})
+            result = reference(
+                *[a.detach() if isinstance(a, torch.Tensor) else a for a in example.args],
+                **{k: v.detach() if isinstance(v, torch.Tensor) else v
+                   for k, v in example.kwargs.items()})
+        bound = signature.bind(*example.args, **example.kwargs).arguments
+        for name, loc in locations.items():
+            final = result if loc == "out" else result[loc]
+            arg = bound.get(name)
+            if isinstance(arg, torch.Tensor) and getattr(final, "shape", None) != arg.shape:
+                return False
     except Exception:
         return False
     return True

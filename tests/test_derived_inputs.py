@@ -3,8 +3,9 @@ exact zeros and ties (only where the reference is smooth), lengths that straddle
 broadcast shapes, and the row-and-column aliasing variant. Each bug is caught through
 ``equiv.check`` from inputs derived from the signature alone; each correct twin passes.
 
-The ``xfail(strict=True)`` tests at the end need the engine (cotangent variants, batched
-gradients, write-only buffers, ``assert_equivalent``)."""
+The tests at the end exercise the engine's side: cotangent variants (layouts, zeros, undefined
+gradients of unused outputs), batched gradients in the vmap mode, write-only buffers poisoned
+with NaN, and ``equiv.assert_equivalent`` inside a user's own ``@given`` test."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ BUDGET = 60
 
 
 def run(impl, seed: int = 0, budget: int = BUDGET, **options) -> equiv.Report:
-    cfg = equiv.settings(seed=seed, max_examples=budget, modes=("eager",),
+    options = {"modes": ("eager",), **options}
+    cfg = equiv.settings(seed=seed, max_examples=budget,
                          hypothesis_settings=hypothesis.settings(database=None), **options)
     return equiv.check(impl, settings=cfg, raise_on_failure=False)
 
@@ -201,19 +203,32 @@ def rowsum_ref(x):
 
 
 def _tiled_sum(x: torch.Tensor, block: int, drop_tail: bool) -> torch.Tensor:
-    """Row sums in blocks of ``block``; a row shorter than one block takes a fast path."""
+    """Row sums in blocks of ``block``; a row shorter than one block takes a fast path. Half
+    inputs accumulate their partial sums in float32 (as a correct low-precision kernel does)."""
     n = x.shape[-1] if x.dim() else 1
     if x.dim() == 0 or n <= block:
         return x.sum(-1)
+    acc = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     full = n // block * block
-    total = x[..., :full].reshape(*x.shape[:-1], n // block, block).sum(-1).sum(-1)
+    total = acc[..., :full].reshape(*x.shape[:-1], n // block, block).sum(-1).sum(-1)
     if not drop_tail:
-        total = total + x[..., full:].sum(-1)
-    return total
+        total = total + acc[..., full:].sum(-1)
+    return total.to(x.dtype)
 
 
 def test_tiled_reduction_dropping_the_tail_is_caught_with_block_sizes():
     @equivalent_to(rowsum_ref, block_sizes=(32,))
+    def rowsum(x):
+        return _tiled_sum(x, 32, drop_tail=True)
+
+    f = caught(rowsum, "forward", "OutputMismatch")
+    length = int(f.example.split("[")[1].split("]")[0].split(",")[-1])
+    assert length > 32 and length % 32, f.example
+
+
+def test_tiled_reduction_dropping_the_tail_is_caught_with_default_lengths():
+    """Without block_sizes=: the default lengths 2^k +- 1 straddle a block of 32 too."""
+    @equivalent_to(rowsum_ref)
     def rowsum(x):
         return _tiled_sum(x, 32, drop_tail=True)
 
@@ -366,14 +381,12 @@ def test_tile_shapes_stay_bounded(data):
     assert ex.args[0].numel() <= 4096
 
 
-# -- needs the engine ---------------------------------------------------------------------------
+# -- cotangents, batched gradients, write-only buffers, assert_equivalent ---------------------------------------------------------------------------
 def double_ref(x):
     return x * 2
 
 
-@pytest.mark.xfail(strict=True, reason="needs the engine: cotangent layout variants "
-                   "(non-contiguous, expanded stride-0, zero) drawn with the example")
-def test_backward_assuming_a_contiguous_cotangent_is_caught():
+def _double(backward):
     class Double(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -381,20 +394,42 @@ def test_backward_assuming_a_contiguous_cotangent_is_caught():
 
         @staticmethod
         def backward(ctx, grad):
-            # reads grad's memory as if it were row-major
-            flat = grad.as_strided((grad.numel(),), (1,), grad.storage_offset())
-            return flat.reshape(grad.shape) * 2
+            return backward(grad)
 
     @equivalent_to(double_ref)
     def double(x):
         return Double.apply(x)
+    return double
 
-    caught(double, "gradients", "cotangent: transposed")
+
+def test_backward_assuming_a_contiguous_cotangent_is_caught():
+    """Reads grad's memory as if it were row-major: the minimal example is a strided cotangent
+    (every other element of a buffer: the lowest non-contiguous layout)."""
+    def backward(grad):
+        flat = grad.as_strided((grad.numel(),), (1,), grad.storage_offset())
+        return flat.reshape(grad.shape) * 2
+
+    f = caught(_double(backward), "gradients", "GradientMismatch",
+               "cotangent: strided (output: strides (2,), offset 1)")
+    assert "differs from the reference on backward #1" in f.headline
 
 
-@pytest.mark.xfail(strict=True, reason="needs the engine: undefined (None) cotangents for "
-                   "some outputs of a multi-output function")
-def test_backward_wrong_on_an_undefined_gradient_is_caught():
+def test_backward_viewing_the_cotangent_is_caught_and_names_the_layout():
+    """``grad.view(-1)`` raises on a transposed or expanded cotangent (a strided 1-D one views
+    fine): the finding names the layout and its strides."""
+    def backward(grad):
+        return grad.view(-1).view(grad.shape) * 2
+
+    f = caught(_double(backward), "gradients", "backward raised RuntimeError", "cotangent: ",
+               "strides (")
+    assert "cotangent: transposed" in f.message or "cotangent: expanded" in f.message, f.message
+
+
+def test_backward_handling_any_cotangent_layout_passes():
+    passes(_double(lambda grad: grad.reshape(-1).reshape(grad.shape) * 2))
+
+
+def _both(backward):
     class Both(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -403,18 +438,40 @@ def test_backward_wrong_on_an_undefined_gradient_is_caught():
 
         @staticmethod
         def backward(ctx, g1, g2):
-            return g1 * 2 + g2 * 3  # crashes when the second output is unused (g2 is None)
+            return backward(g1, g2)
 
     @equivalent_to(lambda x: (x * 2, x * 3))
     def both(x):
         return Both.apply(x)
+    return both
 
-    caught(both, "gradients", "cotangent: None for output [1]")
+
+def test_backward_wrong_on_an_undefined_gradient_is_caught():
+    # crashes when the second output is unused (g2 is None)
+    f = caught(_both(lambda g1, g2: g1 * 2 + g2 * 3), "gradients",
+               "cotangent: None for output[1] (undefined", "TypeError")
+    assert "backward raised TypeError" in f.headline
 
 
-@pytest.mark.xfail(strict=True, reason="needs the engine: batched gradients (vmap over the VJP) "
-                   "in the vmap mode")
-def test_batched_gradient_bug_is_caught_in_vmap_mode():
+def test_backward_handling_undefined_gradients_passes():
+    def backward(g1, g2):
+        if g1 is None and g2 is None:
+            return None
+        return sum(g * k for g, k in ((g1, 2), (g2, 3)) if g is not None)
+
+    passes(_both(backward))
+
+
+def test_backward_zeroing_an_undefined_gradient_wrongly_is_caught():
+    """Treating an undefined gradient as ones (not zeros) is wrong only when it is undefined."""
+    def backward(g1, g2):
+        g2 = torch.ones_like(g1) if g2 is None else g2
+        return g1 * 2 + g2 * 3
+
+    caught(_both(backward), "gradients", "GradientMismatch", "cotangent: None for output[1]")
+
+
+def _double_batched(backward):
     class Double(torch.autograd.Function):
         generate_vmap_rule = True
 
@@ -428,41 +485,150 @@ def test_batched_gradient_bug_is_caught_in_vmap_mode():
 
         @staticmethod
         def backward(ctx, grad):
-            out = torch.zeros(ctx.shape, dtype=grad.dtype)
-            out.copy_(grad * 2)  # a preallocated unbatched buffer: breaks under vmap
-            return out
+            return backward(ctx, grad)
 
     @equivalent_to(double_ref)
     def double(x):
         return Double.apply(x)
+    return double
 
-    caught(double, "gradients", "batched gradient", modes=("vmap",))
+
+def test_batched_gradient_bug_is_caught_in_vmap_mode():
+    def backward(ctx, grad):
+        out = torch.zeros(ctx.shape, dtype=grad.dtype)
+        out.copy_(grad * 2)  # a preallocated unbatched buffer: breaks under vmap
+        return out
+
+    f = caught(_double_batched(backward), "gradients", "batched gradient",
+               "aten::copy_", modes=("vmap",))
+    assert f.mode == "vmap" and "backward raised RuntimeError" in f.headline
 
 
-@pytest.mark.xfail(strict=True, reason="needs the engine: write_only= on equivalent_to and NaN "
-                   "poisoning of write-only buffers on the implementation's side")
+def test_batched_gradient_twin_passes_in_vmap_mode():
+    passes(_double_batched(lambda ctx, grad: torch.zeros_like(grad).copy_(grad * 2)),
+           modes=("vmap",))
+
+
+def add_out_ref(x, y, out):
+    return x + y
+
+
+def _add_out(kernel, **options):
+    @equivalent_to(add_out_ref, mutates={"out": "out"}, **options)
+    def add_out(x, y, out):
+        return kernel(x, y, out)
+    return add_out
+
+
+def _reads_out(x, y, out):
+    return out.mul_(0).add_(x + y)  # reads out: 0 * stale is 0 unless stale is nan/inf
+
+
 def test_out_kernel_reading_its_buffer_is_caught_by_poisoning():
-    def add_ref(x, y, out):
+    f = caught(_add_out(_reads_out, write_only=("out",)), "mutation",
+               "write-only argument 'out' was read")
+    assert "final value of mutated argument" in f.headline
+
+
+def test_out_kernel_reading_its_buffer_passes_without_write_only():
+    """The control: with the drawn (finite) values in the buffer the bug is invisible."""
+    passes(_add_out(_reads_out))
+
+
+def test_out_kernel_overwriting_its_buffer_passes_poisoned():
+    passes(_add_out(lambda x, y, out: out.copy_(x + y), write_only=("out",)))
+
+
+def test_poisoning_leaves_the_callers_tensors_and_the_reference_alone():
+    seen = []
+
+    def ref(x, y, out):
+        seen.append(bool(out.isnan().any()))
         return x + y
 
-    @equivalent_to(add_ref, mutates={"out": "out"}, write_only=("out",))
+    @equivalent_to(ref, mutates={"out": "out"}, write_only=("out",),
+                   examples=[(torch.ones(2), torch.ones(2), torch.zeros(2))])
     def add_out(x, y, out):
-        return out.mul_(0).add_(x + y)  # reads out: 0 * stale is 0 unless stale is nan/inf
+        assert out.isnan().all()
+        return out.copy_(x + y)
 
-    caught(add_out, "mutation", "write-only argument 'out' was read")
+    assert run(add_out, budget=5).ok
+    assert seen and not any(seen)
 
 
-@pytest.mark.xfail(strict=True, reason="needs the engine: equiv.assert_equivalent running every "
-                   "check on one given example")
+def test_poisoned_buffer_is_restored_when_both_sides_raise():
+    """Raising before writing is no partial write: the NaN was equiv's, not the kernel's."""
+    def ref(x, y, out):
+        if x.dim() == 0:
+            raise ValueError("add_out: 0-d inputs are not supported")
+        return x + y
+
+    @equivalent_to(ref, mutates={"out": "out"}, write_only=("out",), raises=ValueError)
+    def add_out(x, y, out):
+        if x.dim() == 0:
+            raise ValueError("add_out: 0-d inputs are not supported")
+        return out.copy_(x + y)
+
+    passes(add_out)
+
+
+@pytest.mark.parametrize("value, match", [
+    (("y",), r"\['y'\] not declared in mutates="), ((3,), "tuple of argument names")])
+def test_bad_write_only_fails_at_decoration(value, match):
+    with pytest.raises(equiv.InvalidArgument, match=match):
+        equivalent_to(add_out_ref, mutates={"out": "out"}, write_only=value)
+
+
 def test_assert_equivalent_inside_a_users_given_test():
     @equivalent_to(double_ref)
     def double(x):
-        return x + x if x.dim() else x * 2.5  # wrong for 0-d
+        return x + x if x.dim() < 2 else x * 2.5  # wrong for 2-d and more
 
-    @hypothesis.settings(max_examples=20, database=None)
+    # deadline=None: the first call loads torch's autograd machinery (hundreds of ms)
+    @hypothesis.settings(max_examples=20, database=None, deadline=None)
     @given(es.tensors(shape=es.shapes(), requires_grad=True))
     def user_test(x):
         equiv.assert_equivalent(double, x)
 
-    with pytest.raises(equiv.OutputMismatch):
+    with pytest.raises(equiv.OutputMismatch) as e:
         user_test()
+    # Hypothesis shrinks the user's example: the smallest failing one is 2-d of one element
+    assert "x=f32[1,1] cpu" in e.value.report.findings[0].example
+
+
+def test_assert_equivalent_passes_a_correct_twin_and_leaves_the_tensors_alone():
+    @equivalent_to(lambda x, out: x * 2, mutates={"out": "out"}, write_only=("out",))
+    def double_out(x, out):
+        return out.copy_(x * 2)
+
+    @hypothesis.settings(max_examples=20, database=None, deadline=None)
+    @given(es.tensors(shape=es.shapes(), requires_grad=True))
+    def user_test(x):
+        out = torch.zeros(x.shape)
+        before = x.detach().clone()
+        report = equiv.assert_equivalent(double_out, x, out)
+        assert report.ok and report.examples_run == 1
+        assert torch.equal(x, before) and not out.any()
+
+    user_test()
+
+
+def test_assert_equivalent_raises_the_findings_class_with_the_example():
+    class Wrong(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3
+
+    @equivalent_to(double_ref)
+    def double(x):
+        return Wrong.apply(x)
+
+    with pytest.raises(equiv.GradientMismatch) as e:
+        equiv.assert_equivalent(double, torch.ones(2, requires_grad=True))
+    f = e.value.report.findings[0]
+    assert f.check == "gradients" and "x=f32[2]" in f.example
+    assert "equiv.assert_equivalent(double" in f.reproduce

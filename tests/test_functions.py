@@ -242,7 +242,11 @@ def test_mark_dirty_catches_an_in_place_write_in_forward_without_it():
     def scale_(x):
         return ScaleNoDirty.apply(x)
 
-    report = failure(scale_, equiv.GradientMismatch)
+    # an example drawn with a zero cotangent shows no gradient difference in the core's
+    # backward, so the schedules (their own cotangents) may report the bug there too
+    report = failure(scale_)
+    assert {g.failure_class for g in report.findings} <= {equiv.GradientMismatch,
+                                                          equiv.ScheduleMismatch}
     f = finding(report, "mark-dirty")
     assert f.argument == "x"
     assert f.headline == ("argument 'x' was written in place inside ScaleNoDirty.forward without "

@@ -513,3 +513,42 @@ def test_compare_memory_shows_whether_in_place_saved_memory():
 
     with pytest.raises(equiv.InvalidArgument, match="the implementation raised"):
         compare_memory(broken, x)
+
+
+class _WrongBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(x):
+        return x * 2
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3  # wrong on every schedule, plain or hazardous
+
+
+def test_a_wrong_backward_is_not_reported_as_a_schedule_bug():
+    """A divergence the plain twin (no writes, each backward after its forward) shares is a
+    gradients bug: the schedule check notes it and reports nothing."""
+    @equivalent_to(lambda x: x * 2)
+    def double(x):
+        return _WrongBackward.apply(x)
+
+    alone = check(double, settings=equiv.settings(FAST, checks=("schedule",)),
+                  raise_on_failure=False)
+    assert not any(f.check == "schedule" for f in alone.findings), alone.render()
+    assert "a gradients bug, not a schedule one" in alone.render()
+    every = check(double, settings=FAST, raise_on_failure=False)
+    assert {f.check for f in every.findings} <= {"gradients", "repeated-backward"}, every.render()
+    assert any(f.check == "gradients" for f in every.findings)
+
+
+def test_plain_twin_drops_hazards_and_keeps_backward_order():
+    from equiv.checks.schedule import plain_twin
+    twin = plain_twin(Schedule(("forward", "forward", "backward 1", "backward 2")))
+    assert twin.steps == ("forward", "backward 1", "forward", "backward 2")
+    assert plain_twin(Schedule(("forward", "write x", "backward"))).steps == (
+        "forward", "backward 1")
+    assert plain_twin(Schedule(("forward", "forward", "backward 2", "backward 1"))) is None

@@ -1,7 +1,8 @@
 """``gradients``: the implementation's vector-Jacobian product for a random cotangent equals the
 reference's (backward #1); backward leaves the caller's cotangent untouched; no differentiated
 value has its gradient flow cut. Under ``jvp``: the forward-mode derivative for a random
-tangent. A diverging example is replayed under the timeline recorder to explain it."""
+tangent. Under ``vmap``: batched gradients, the backward for a batch of cotangents at once
+(vmap over the VJP). A diverging example is replayed under the timeline recorder to explain it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from equiv.compare import compare_leaf
 from equiv.execution.calls import format_tb
 from equiv.execution.graph import slot_explanation
-from equiv.execution.record import Sink, cotangent_written
+from equiv.execution.record import Sink, cotangent_written, name_cotangent
 from equiv.execution.verdict import fd_message
 from equiv.execution.script import explain_backwards
 
@@ -32,8 +33,13 @@ def run(ex: Any, sink: Sink) -> None:
     if ex.kind == "jvp":
         _tangents(ex, sink)
         return
+    if ex.kind == "vmap":
+        _batched(ex, sink)
+        return
     first = len(sink.findings)
     _first_backward(ex, sink)
+    if len(sink.findings) > first:
+        name_cotangent(ex, sink, first)
     if len(sink.findings) > first and not _rounding(sink, first):
         explain_backwards(ex, sink, first)
         if ex.function_nodes():
@@ -126,3 +132,34 @@ def _tangents(ex: Any, sink: Sink) -> None:
                          likely_cause="a wrong forward-mode formula: a custom "
                          "autograd.Function's jvp staticmethod, or an op whose forward AD "
                          "disagrees with its backward.")
+
+
+_BATCHED_CAUSE = ("the backward is not batch-aware: it writes into a preallocated buffer of the "
+                  "unbatched shape, reads .item() or data_ptr(), or takes sizes from saved "
+                  "shapes instead of from grad_output.")
+
+
+def _batched(ex: Any, sink: Sink) -> None:
+    b = ex.batched_vjp()
+    if b is None:
+        return
+    if b.unsupported is not None:
+        sink.note(f"vmap: batched gradients not checked: the implementation's backward cannot "
+                  f"run under vmap ({b.unsupported})")
+        return
+    if b.error is not None:
+        sink.finding(NAME, f"the implementation's backward raised {type(b.error).__name__} on a "
+                     f"batched gradient (vmap over the VJP, {b.detail}) where the reference's "
+                     "VJP for each cotangent did not.",
+                     details=f"{type(b.error).__name__}: {str(b.error)[:400]}",
+                     tb=format_tb(b.error), likely_cause=_BATCHED_CAUSE)
+        return
+    for name, a, e in zip(b.names, b.impl, b.expected):
+        m = compare_leaf(a, e, rtol=ex.spec.rtol, atol=ex.spec.atol, path=name)
+        if m is not None:
+            where = ("" if b.plain_ok else " (the unbatched backward differs too: see the "
+                     "gradients check in eager mode)")
+            sink.finding(NAME, f"batched gradient (vmap over the VJP, {b.detail}) w.r.t. "
+                         f"{name!r} differs from the reference's VJP for each cotangent{where}.",
+                         argument=name, mismatch=m,
+                         likely_cause=_BATCHED_CAUSE if b.plain_ok else None)

@@ -8,7 +8,7 @@ from typing import Any
 
 from equiv.compare import compare_leaf
 from equiv.execution.calls import format_tb
-from equiv.execution.record import Sink, cotangent_written
+from equiv.execution.record import Sink, cotangent_written, name_cotangent
 from equiv.execution.script import explain_backwards
 
 NAME = "repeated-backward"
@@ -21,6 +21,8 @@ def run(ex: Any, sink: Sink) -> None:
         return  # the gradients check reports (or notes) a failing first backward
     first = len(sink.findings)
     _repeat(ex, sink)
+    if len(sink.findings) > first:
+        name_cotangent(ex, sink, first)
     if len(sink.findings) > first and not all(f.rounding_level for f in sink.findings[first:]):
         explain_backwards(ex, sink, first)
 

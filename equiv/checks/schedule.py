@@ -51,6 +51,37 @@ def builtin_schedules(plan: Script) -> list[Schedule]:
     return out
 
 
+def plain_twin(schedule: Schedule) -> Schedule | None:
+    """``schedule`` without its hazards: no writes or steps, each backward right after the
+    forward it goes through, backwards in their original order (None when that order cannot
+    be kept)."""
+    through = backward_forwards(schedule)
+    if through != sorted(through):
+        return None
+    forwards = sum(step == "forward" for step in schedule.steps)
+    steps: list[str] = []
+    for j in range(1, forwards + 1):
+        steps.append("forward")
+        steps += [f"backward {j}"] * through.count(j)
+    return Schedule(tuple(steps), name=f"{schedule.name} (plain)", expect="match")
+
+
+def _plain_differs(ex: Execution, plan: Script, schedule: Schedule, cots: Any,
+                   at: tuple[int, int], expected: Any, oracle: Any) -> bool:
+    """Whether the implementation's gradient ``i`` on backward ``k`` also differs from
+    ``expected`` in :func:`plain_twin`'s run (the same cotangents, no hazard)."""
+    (k, i), twin = at, plain_twin(schedule)
+    if twin is None or twin.steps == schedule.steps:
+        return False
+    plain = plan.execute(twin, ex.spec.impl, cots)
+    if plain.error is not None or len(plain.grads) < k:
+        return False
+    got = plain.grads[k - 1][i]
+    m = ex.judge(plan.names[i], got, expected.to(dtype=got.dtype, device=got.device),
+                 kind="gradients", group=plan.groups[i], oracle=oracle)
+    return m is not None and not rounding_only([m])
+
+
 def _describe(result: ScriptResult) -> str:
     if result.error is not None:
         text = str(result.error).splitlines()[0] if str(result.error) else ""
@@ -109,6 +140,13 @@ def _run_one(ex: Execution, sink: Sink, plan: Script, schedule: Schedule, *,
                     fix="if the implementation is meant to support this schedule, declare "
                         "expect='match'.")
         return
+    _compare(ex, sink, plan, schedule, cots, result, expected, context)
+
+
+def _compare(ex: Execution, sink: Sink, plan: Script, schedule: Schedule, cots: Any,
+             result: ScriptResult, expected: Any, context: Any) -> None:
+    """The schedule's gradients against the reference's at forward-time values: the first
+    divergence that the plain twin does not share is a finding."""
     memo: dict[bool, Any] = {}
 
     def oracle(k: int, i: int, even: bool) -> Any:  # the float64 reference's, on first use
@@ -131,6 +169,12 @@ def _run_one(ex: Execution, sink: Sink, plan: Script, schedule: Schedule, *,
                           "rounding level only (a precision difference, judged by the "
                           "gradients check, not a schedule problem)")
                 continue
+            if _plain_differs(ex, plan, schedule, cots, (k, i), e,
+                              lambda k=k, i=i, even=even: oracle(k - 1, i, even)):
+                sink.note(f"schedule {schedule.name!r}: gradient w.r.t. {name!r} differs on "
+                          "the same cotangent without the schedule's hazard too (a gradients "
+                          "bug, not a schedule one)")
+                return
             cause, events = replay(ex, schedule, ex.spec.impl, cots, sink, plan)
             n = len(sink.findings)
             sink.finding(

@@ -32,6 +32,7 @@ from equiv.modes import normalise_error
 from equiv.numerics import NumericMismatch, oracle_dtype
 from equiv.report import Finding
 from equiv.spec import Spec
+from equiv.variants import CONTIGUOUS, CotangentVariant
 
 
 class ReferenceError_(InvalidArgument):
@@ -219,8 +220,9 @@ class Backward:
 
     grads: list[torch.Tensor]
     error: BaseException | None
-    given: list[torch.Tensor]  # the cotangents handed to backward (checked untouched after)
-    cotangent: list[torch.Tensor]  # what they were before backward
+    given: list[torch.Tensor | None]  # the cotangents handed to backward (checked untouched
+    # after; None: undefined, that value not differentiated)
+    cotangent: list[torch.Tensor | None]  # what they were before backward
 
 
 class Execution:
@@ -323,13 +325,30 @@ class Execution:
             self._nodes = function_nodes(self.impl_result, finals)
         return self._nodes
 
-    def cotangents(self) -> list[list[torch.Tensor]]:
-        """The first and second cotangent, one tensor per pair, from the example's seed."""
+    #: set by the runner's pipeline: the layout of the cotangents handed to every backward
+    cot_variant: CotangentVariant = CONTIGUOUS
+
+    def cotangents(self) -> list[list[torch.Tensor | None]]:
+        """The first and second cotangent, one value per pair (``None``: undefined for that
+        pair), from the example's seed and cotangent variant (its values; each backward gets
+        fresh tensors in its layout, :meth:`laid_out`)."""
         if self._cots is None:
             gen = torch.Generator().manual_seed(self.cot_seed)
             pairs = self.pairing().pairs
-            self._cots = [[cotangent(r, gen) for _, _, r in pairs] for _ in range(2)]
+            self._cots = [self.cot_variant.values([cotangent(r, gen) for _, _, r in pairs])
+                          for _ in range(2)]
         return self._cots
+
+    def laid_out(self, n: int) -> list[torch.Tensor | None]:
+        """Fresh tensors holding cotangent ``n``'s (1 or 2) values in the variant's layout."""
+        return self.cot_variant.lay_out(self.cotangents()[n - 1])
+
+    def cotangent_line(self) -> str:
+        """The findings' line naming a non-contiguous, zero or undefined cotangent (or "")."""
+        if not self.cot_variant or not self.pairing().pairs:
+            return ""
+        return self.cot_variant.describe([n for n, _, _ in self.pairing().pairs],
+                                         self.laid_out(1))
 
     def leaves(self, which: str, pairing: Pairing | None = None,
                side: Side | None = None) -> list[torch.Tensor]:
@@ -342,9 +361,8 @@ class Execution:
     def ref_grads(self, n: int) -> tuple[list[torch.Tensor], BaseException | None]:
         """The reference's VJP for cotangent ``n`` (1 or 2), at the implementation's dtype."""
         if n not in self._ref_grads:
-            pairs = self.pairing().pairs
-            grads, err = vjp([r for _, _, r in pairs], self.leaves("ref"),
-                             self.cotangents()[n - 1])
+            outs, cots = _defined([r for _, _, r in self.pairing().pairs], self.laid_out(n))
+            grads, err = vjp(outs, self.leaves("ref"), cots)
             if err is None and self.place.cross:
                 grads = [g.to(device=i.device, dtype=i.dtype)
                          for g, i in zip(grads, self.leaves("impl"))]
@@ -359,9 +377,9 @@ class Execution:
                 return self._backwards[-1]
             n = len(self._backwards) + 1
             cot = self.cotangents()[0 if n < 3 else 1]
-            given = [c.clone() for c in cot]
-            pairs = self.pairing().pairs
-            grads, err = vjp([i for _, i, _ in pairs], self.leaves("impl"), given)
+            given = self.laid_out(1 if n < 3 else 2)
+            outs, cots = _defined([i for _, i, _ in self.pairing().pairs], given)
+            grads, err = vjp(outs, self.leaves("impl"), cots)
             self._backwards.append(Backward(grads, err, given, cot))
         return self._backwards[k - 1]
 
@@ -410,8 +428,8 @@ class Execution:
         if not all(isinstance(o, torch.Tensor) and o.requires_grad for o in outs) or \
                 any(leaf is None for leaf in leaves):
             return None
-        cots = [c.detach().to(device=o.device, dtype=o.dtype)
-                for c, o in zip(self.cotangents()[n - 1], outs)]
+        outs, given = _defined(outs, self.cotangents()[n - 1])
+        cots = [c.detach().to(device=o.device, dtype=o.dtype) for c, o in zip(given, outs)]
         grads, err = vjp(outs, leaves, cots)
         return None if err is not None else grads
 
@@ -509,8 +527,8 @@ class Execution:
         if run.side is None or not all(isinstance(o, torch.Tensor) and o.requires_grad
                                        for o in outs):
             return None
-        cots = [c.detach().to(device=o.device, dtype=o.dtype)
-                for c, o in zip(self.cotangents()[n - 1], outs)]
+        outs, given = _defined(outs, self.cotangents()[n - 1])
+        cots = [c.detach().to(device=o.device, dtype=o.dtype) for c, o in zip(given, outs)]
         return term_magnitude(self.template, group, run.side, outs, cots)
 
     def oracle_why(self) -> str | None:
@@ -631,6 +649,15 @@ class ContractRun:
     versions: list[int]
 
 
+def _defined(outs: list[torch.Tensor], cots: list[torch.Tensor | None],
+             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The differentiated values with a defined cotangent, and those cotangents: an undefined
+    one is left out of the VJP, so autograd hands that output's backward ``None`` (or zeros,
+    where the graph materializes them) exactly as for an unused output."""
+    kept = [(o, c) for o, c in zip(outs, cots) if c is not None]
+    return [o for o, _ in kept], [c for _, c in kept]
+
+
 def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
             place: Placement) -> Execution:
     """Run both sides once on ``example`` and build the record (see :class:`Execution`).
@@ -716,6 +743,8 @@ def cotangent_written(ex: Execution, b: Backward, n: int) -> list[tuple[str, str
     """(name, headline, mismatch, fix) for each cotangent backward #``n`` wrote into."""
     out = []
     for (name, _, _), o, g in zip(ex.pairing().pairs, b.cotangent, b.given):
+        if g is None:
+            continue
         m = compare_leaf(g, o, rtol=0, atol=0, path=name, exact=True)
         if m is not None:
             out.append((name, f"backward #{n} modified the caller's cotangent (grad_output) for "
@@ -723,6 +752,17 @@ def cotangent_written(ex: Execution, b: Backward, n: int) -> list[tuple[str, str
                         "do not write into grad_output in backward; use out-of-place ops "
                         "(grad_output * x, not grad_output.mul_(x))."))
     return out
+
+
+def name_cotangent(ex: Execution, sink: Sink, first: int) -> None:
+    """Add the line naming the cotangent layout (:meth:`Execution.cotangent_line`) to the
+    details of ``sink.findings[first:]``."""
+    line = ex.cotangent_line()
+    if not line:
+        return
+    for i in range(first, len(sink.findings)):
+        f = sink.findings[i]
+        sink.findings[i] = dataclasses.replace(f, details=f"{f.details}\n{line}".lstrip())
 
 
 def judge_run(ex: Execution, run: ContractRun, expected: Any, finals: dict[str, Any], *,

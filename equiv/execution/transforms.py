@@ -2,7 +2,9 @@
 
 ``vmap``: ``torch.func.vmap`` of the implementation against ``vmap`` of the reference, with the
 batch dimension placed first and then last (a hand-written vmap rule that ignores ``in_dims``
-shows here). ``jvp``: ``torch.func.jvp`` of (returned outputs, final values of mutated arguments)
+shows here); and batched gradients (gradcheck's ``check_batched_grad``): the implementation's
+backward for a batch of cotangents at once (``torch.autograd.grad(..., is_grads_batched=True)``,
+vmap over the VJP) against the reference's VJP for each cotangent. ``jvp``: ``torch.func.jvp`` of (returned outputs, final values of mutated arguments)
 of both sides for one random tangent. A side that cannot run under the transform makes the mode
 unsupported (skipped with the reason), never a pass. Each run is a record the checks read, like
 :class:`~equiv.execution.record.Execution`.
@@ -16,15 +18,19 @@ import torch
 
 from equiv._compat import tree_flatten, tree_unflatten
 from equiv._settings import settings as Settings
+from equiv.compare import compare_leaf
 from equiv.examples import Args, Template
-from equiv.execution.calls import clone_tree, leaves
-from equiv.execution.record import Sink, split
+from equiv.execution.calls import clone_tree, cotangent, leaves, vjp
+from equiv.execution.record import Placement, Sink, execute, split
 from equiv.modes import normalise_error
 from equiv.spec import Spec
 
 BATCH = 3
 
 _VMAP_UNSUPPORTED = ("vmap", "Batching rule", "generate_vmap_rule", "batched")
+# a backward that cannot run batched for want of a batching rule (a skip, not a finding)
+_BATCHED_UNSUPPORTED = ("Batching rule not implemented", "does not have vmap support",
+                        "not supported with vmap", "doesn't support vmap")
 _JVP_UNSUPPORTED = ("forward AD", "forward-mode", "jvp", "Forward AD", "not implemented",
                     "NotImplementedError")
 
@@ -62,6 +68,36 @@ class VmapRun(TransformRun):
         self.consumed = False
         self.impl_args: tuple[Any, ...] = ()
         self.before: tuple[Any, ...] = ()
+        self.example: Args | None = None
+        self.cot_seed = 0
+        self._batched: list["BatchedVjp | None"] = []
+
+    def batched_vjp(self) -> "BatchedVjp | None":
+        """The batched-gradient run of this example (once: on the batch-first run only), or
+        None where there is nothing to differentiate or a side raised (other checks report)."""
+        if self.dim != 0 or self.example is None:
+            return None
+        if not self._batched:
+            self._batched.append(_batched_vjp(self.spec, self.cfg, self.example, self.cot_seed,
+                                              self.mode, self.device))
+        return self._batched[0]
+
+
+class BatchedVjp:
+    """The implementation's VJP for :data:`BATCH` cotangents at once (vmap over the backward)
+    and the reference's VJP for each, stacked: one tensor per gradient leaf, by name.
+    ``plain_ok``: the implementation's unbatched VJP for the first cotangent matches the
+    reference's (so a mismatch is specific to batching). ``unsupported``: why the backward
+    cannot run batched (a missing batching rule)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.impl: list[torch.Tensor] = []
+        self.expected: list[torch.Tensor] = []
+        self.error: BaseException | None = None
+        self.unsupported: str | None = None
+        self.plain_ok = True
+        self.detail = f"a batch of {BATCH} cotangents (is_grads_batched=True)"
 
 
 class JvpRun(TransformRun):
@@ -103,6 +139,7 @@ def vmap_runs(spec: Spec, cfg: Settings, example: Args, cot_seed: int, mode: str
     gen = torch.Generator().manual_seed(cot_seed)
     for dim in (0, -1):
         r = VmapRun(spec, cfg, mode, device, template, dim=dim)
+        r.example, r.cot_seed = example, cot_seed
         _run_vmap(r, base.bound.args, base.bound.kwargs, gen)
         yield r
         if r.impl_exc is not None:
@@ -153,6 +190,48 @@ def _run_vmap(r: VmapRun, args: tuple[Any, ...], kwargs: dict[str, Any],
         r.impl_exc, r.valid = e, False
         return
     r.expected, r.finals, r.consumed = split(spec, ref_result)  # ReferenceError_ propagates
+
+
+def _batched_vjp(spec: Spec, cfg: Settings, example: Args, cot_seed: int, mode: str,
+                 device: str) -> BatchedVjp | None:
+    """Both sides once more (eagerly, through the core); then the implementation's backward
+    under vmap for a batch of cotangents, and the reference's VJP for each of them."""
+    import warnings
+
+    ex = execute(spec, cfg, example, cot_seed, Placement(mode, "eager", device))
+    if not ex.valid or not ex.pairing().ok:
+        return None
+    pairs, names = ex.pairing().pairs, [ex.template.group_name(g) for g in ex.pairing().groups]
+    gen = torch.Generator().manual_seed(cot_seed + 104729)
+    cots = [torch.stack([cotangent(i, gen) for _ in range(BATCH)]) for _, i, _ in pairs]
+    out = BatchedVjp(names)
+    expected = []
+    for b in range(BATCH):
+        grads, err = vjp([r for _, _, r in pairs], ex.leaves("ref"), [c[b] for c in cots])
+        if err is not None:
+            return None  # the reference's backward raised: the gradients check notes it
+        expected.append(grads)
+    out.expected = [torch.stack(g) for g in zip(*expected)]
+    plain, err = vjp([i for _, i, _ in pairs], ex.leaves("impl"), [c[0] for c in cots])
+    out.plain_ok = err is None and all(
+        compare_leaf(a, e[0], rtol=spec.rtol, atol=spec.atol, path=n) is None
+        for n, a, e in zip(names, plain, out.expected))
+    try:
+        with warnings.catch_warnings():  # torch warns where a batching rule falls back to a loop
+            warnings.simplefilter("ignore")
+            grads = torch.autograd.grad([i for _, i, _ in pairs], ex.leaves("impl"), cots,
+                                        retain_graph=True, allow_unused=True,
+                                        is_grads_batched=True)
+    except Exception as e:  # the user's backward raised under vmap
+        text = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        if any(w in str(e) for w in _BATCHED_UNSUPPORTED):
+            out.unsupported = text
+        else:
+            out.error = e
+        return out
+    out.impl = [torch.zeros_like(e) if g is None else g.detach()
+                for g, e in zip(grads, out.expected)]
+    return out
 
 
 def jvp_run(spec: Spec, cfg: Settings, example: Args, cot_seed: int, mode: str, device: str,
