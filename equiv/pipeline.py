@@ -36,7 +36,7 @@ from equiv.checks import (
 )
 from equiv.errors import EquivError, InternalError
 from equiv.examples import Template
-from equiv.execution.record import Placement, Sink, execute
+from equiv.execution.record import Placement, Sink, check_mutated, execute
 from equiv.execution.transforms import Unsupported, jvp_run, vmap_runs
 from equiv.modes import ModeRun
 from equiv.report import Finding
@@ -77,10 +77,21 @@ def rows_for(cfg: Settings, kind: str) -> list[CheckRow]:
 
 def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun,
                     device: str, *, place: Placement | None = None) -> Outcome:
-    """Execute one example in ``state``'s mode and run every applicable check on it."""
+    """Execute one example in ``state``'s mode and run every applicable check on it; what the
+    checks ran and compared on a valid example is added to ``state``'s account."""
+    mode = state.mode
+    sink = Sink(spec, cfg, place.mode if place is not None else mode.name, device)
+    check_mutated(spec, args)
+    outcome = _execute(spec, cfg, args, cot_seed, state, device, place, sink)
+    if outcome.invalid is None:
+        state.cover(sink.ran, sink.compared, sink.uncompared)
+    return outcome
+
+
+def _execute(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun,
+             device: str, place: Placement | None, sink: Sink) -> Outcome:
     mode = state.mode
     kind = place.kind if place is not None else mode.kind
-    sink = Sink(spec, cfg, place.mode if place is not None else mode.name, device)
     if kind == "vmap":
         try:
             for run in vmap_runs(spec, cfg, args, cot_seed, mode.name, device, sink):
@@ -104,6 +115,11 @@ def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: 
                                state.ref_device, state.ref_dtype)
     ex = execute(spec, cfg, args, cot_seed, place)
     ex.error_input = isinstance(args, ErrorArgs)
+    if kind == "functionalize" and ex.ref_exc is None and _unsupported(ex.impl_exc):
+        state.unsupported = (f"unsupported: the implementation cannot run under functionalize "
+                             f"({type(ex.impl_exc).__name__}: "
+                             f"{str(ex.impl_exc).splitlines()[0][:200]})")
+        return Outcome([], None, sink.notes, ex.template)
     sink.template, sink.dtype = ex.template, ex.template.dtype
     why = ex.rejection()
     if why is not None:  # both raised: the error contract is still checked
@@ -115,6 +131,15 @@ def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: 
     return Outcome(sink.findings, None, sink.notes, ex.template)
 
 
+#: torch's words when a transform cannot run an implementation at all (not a bug in it)
+_TRANSFORM_UNSUPPORTED = ("must override the setup_context staticmethod",
+                          "functorch transforms")
+
+
+def _unsupported(exc: BaseException | None) -> bool:
+    return exc is not None and any(w in str(exc) for w in _TRANSFORM_UNSUPPORTED)
+
+
 def _run_checks(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
     for row in rows_for(cfg, kind):
         if row.needs != "example" and not ex.valid:
@@ -123,6 +148,7 @@ def _run_checks(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
             continue
         if row.needs == "clean" and sink.findings:
             continue
+        sink.ran.add(row.name)
         try:
             _MODULES[row.name].run(ex, sink)
         except EquivError:

@@ -17,6 +17,7 @@ from equiv._contracts import validate_contracts
 from equiv._options import validate_variants
 from equiv._schedule import validate_options
 from equiv._settings import settings as Settings
+from equiv._settings import skippable
 from equiv._targets import callable_for, own_spec
 from equiv.errors import InvalidArgument
 from equiv.strategies import arguments_for
@@ -71,6 +72,10 @@ class Spec:
     # where the reference runs (equiv.numerics): a floating dtype and/or a device, or None
     reference_dtype: Any = None
     reference_device: str | None = None
+    #: False: gradients are not part of the contract (the gradient checks do not run)
+    grads: bool = True
+    #: transforms whose "unsupported by torch" skip is accepted (equiv._settings.SKIPPABLE)
+    allow_skip: tuple[str, ...] = ()
     #: the module the spec belongs to (collected by ``equiv check``, ``tests_for(module)``)
     module: str = ""
 
@@ -191,6 +196,8 @@ def equivalent_to(
     block_sizes: Sequence[int] = (),
     reference_dtype: Any = None,
     reference_device: str | None = None,
+    grads: bool = True,
+    allow_skip: Sequence[str] = (),
     **module_options: Any,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
@@ -213,6 +220,10 @@ def equivalent_to(
     ``reference_dtype``/``reference_device`` run the reference in another floating dtype or on
     another device (e.g. ``torch.float64``, ``"cpu"``) and compare at the implementation's; they
     win over ``check()``'s arguments and the command-line flags, like the other settings.
+    ``grads=False`` declares that gradients are not part of the contract (e.g. a NumPy
+    reference): the gradient checks do not run; otherwise gradients that could not be compared
+    on any example make the run not a pass. ``allow_skip=("vmap",)`` accepts that torch cannot
+    run the implementation under those transforms (skipped with torch's reason, not a failure).
     ``block_sizes`` (e.g. ``(64,)``) steers derived inputs toward lengths ``k*b - 1, k*b,
     k*b + 1`` along one dim. ``ref`` may be an ``nn.Module`` class or instance, with
     ``module_options`` describing the pair (:mod:`equiv.modules`). Returns the implementation
@@ -227,12 +238,18 @@ def equivalent_to(
     module_pair = _MODULE_HOOK and _MODULE_HOOK(ref, module_options, dict(options))
     placement = validate_reference(reference_dtype, reference_device, "equivalent_to")
     if module_pair is not None:
-        if placement != (None, None):
-            raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=) are not "
-                                  "supported for nn.Module pairs; pass them to check().")
+        if placement != (None, None) or grads is not True or allow_skip:
+            raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=, grads=, "
+                                  "allow_skip=) are not supported for nn.Module pairs; pass "
+                                  "them to check() or settings().")
         return module_pair
     _validate_plain_options(ref, options)
     options["block_sizes"] = _validate_block_sizes(block_sizes)
+    if not isinstance(grads, bool):
+        raise InvalidArgument(f"equivalent_to(grads={grads!r}): give True (compare gradients) "
+                              "or False (gradients are not part of the contract).")
+    options["grads"] = grads
+    options["allow_skip"] = skippable(allow_skip, "equivalent_to")
 
     def decorate(impl: F) -> F:
         caller = sys._getframe(1).f_globals  # the namespace applying the decorator
@@ -287,6 +304,8 @@ def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, st
     if not callable(impl):
         raise InvalidArgument(f"@equivalent_to decorates a callable, got {impl!r:.60}.")
     target = _callable_target(impl)
+    for role, fn in (("implementation", target), ("reference", ref)):
+        _synchronous(role, fn)
     try:
         sig = inspect.signature(target)
     except (TypeError, ValueError) as e:
@@ -314,9 +333,22 @@ def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, st
         max_retained_bytes=o["max_retained_bytes"], aliases=alias_map,
         error_inputs=err_inputs, raises=err_type, match=err_match,
         block_sizes=o["block_sizes"], reference_dtype=placement[0],
-        reference_device=placement[1],
+        reference_device=placement[1], grads=o["grads"], allow_skip=o["allow_skip"],
         module=_owner_module(target, str(caller.get("__name__", ""))),
     )
+
+
+def _synchronous(role: str, fn: Any) -> None:
+    """An ``async def`` or generator function returns a coroutine or generator, not a value."""
+    inner = fn.func if isinstance(fn, functools.partial) else fn
+    kind = ("an async function (async def)" if inspect.iscoroutinefunction(inner)
+            or inspect.isasyncgenfunction(inner) else
+            "a generator function" if inspect.isgeneratorfunction(inner) else None)
+    if kind is not None:
+        raise InvalidArgument(
+            f"equivalent_to: the {role} {_qualname(fn)} is {kind}; equiv calls both sides "
+            "synchronously and compares the values they return. Decorate a plain function "
+            "that returns the value, e.g. def f(x): return asyncio.run(g(x)).")
 
 
 def _validate_block_sizes(value: Any) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ import torch
 from equiv._compat import tree_flatten, tree_unflatten
 from equiv._settings import settings as Settings
 from equiv.examples import Args, Template
-from equiv.execution.calls import clone_tree, leaves
+from equiv.execution.calls import clone_tree, isolated, leaves, user_error
 from equiv.execution.record import Sink, split
 from equiv.modes import normalise_error
 from equiv.spec import Spec
@@ -134,17 +134,21 @@ def _run_vmap(r: VmapRun, args: tuple[Any, ...], kwargs: dict[str, Any],
     batched, in_dims = _batched(args, dim, gen)
     ref_args, r.impl_args, r.before = clone_tree(batched), clone_tree(batched), clone_tree(batched)
     try:
-        with torch.no_grad():
+        with isolated(), torch.no_grad():
             ref_result = vmap(lambda *a: spec.ref(*a, **kwargs), in_dims=in_dims,
                               out_dims=dim)(*ref_args)
-    except Exception as e:
+    except BaseException as e:
+        if not user_error(e):
+            raise
         raise Unsupported(f"unsupported: the reference cannot run under vmap "
                           f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
     try:
-        with torch.no_grad():
+        with isolated(), torch.no_grad():
             r.impl_result = vmap(lambda *a: spec.impl(*a, **kwargs), in_dims=in_dims,
                                  out_dims=dim)(*r.impl_args)
-    except Exception as e:
+    except BaseException as e:
+        if not user_error(e):
+            raise
         e = normalise_error(e)
         text = str(e)
         if any(w in text for w in _VMAP_UNSUPPORTED):
@@ -212,13 +216,19 @@ def _run_jvp(r: JvpRun, rebuild: Any, primals: tuple[torch.Tensor, ...],
         return tuple(x for x in out if _float(x))
 
     try:
-        r.ref_out, r.ref_tan = jvp(ref_side, primals, tangents)
-    except Exception as e:
+        with isolated():
+            r.ref_out, r.ref_tan = jvp(ref_side, primals, tangents)
+    except BaseException as e:
+        if not user_error(e):
+            raise
         raise Unsupported(f"unsupported: the reference has no forward-mode derivative "
                           f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
     try:
-        r.impl_out, r.impl_tan = jvp(impl_side, primals, tangents)
-    except Exception as e:
+        with isolated():
+            r.impl_out, r.impl_tan = jvp(impl_side, primals, tangents)
+    except BaseException as e:
+        if not user_error(e):
+            raise
         e = normalise_error(e)
         text = f"{type(e).__name__}: {e}"
         if any(w in text for w in _JVP_UNSUPPORTED):
