@@ -373,6 +373,8 @@ def _unchecked(spec: Spec, cfg: Settings, mode: Mode, device: str, state: ModeRu
     names it), gradients compared on no example (unless ``grads=False``)."""
     if state.not_compiled is not None:
         return [_not_compiled(spec, mode, device, state.not_compiled)]
+    if findings:  # the mode failed: that is its verdict (a compile attempt that raised
+        return []  # compiled nothing, a transform may stop after a finding)
     if state.status(False) == "not compiled":
         return [_run_level(spec, mode, device, "not-compiled",
                            f"mode {mode.name} was not compiled: {state.reason()}; nothing was "
@@ -389,7 +391,7 @@ def _unchecked(spec: Spec, cfg: Settings, mode: Mode, device: str, state: ModeRu
                            f"settings(allow_skip=...)) to accept it, or drop {mode.name} from "
                            "modes=.")]
     why = state.uncompared.get("gradients", "").removeprefix("gradients not compared: ")
-    if why and "gradients" not in state.compared and not findings:
+    if why and "gradients" not in state.compared:
         return [_run_level(spec, mode, device, "not-checked",
                            f"gradients were compared on no example under {mode.name}: {why}; "
                            "the implementation's backward was not checked, which is not a pass.",

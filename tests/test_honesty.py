@@ -455,6 +455,54 @@ def test_an_async_implementation_is_invalid():
         equiv.check(double, settings=FAST, modes=("eager",))
 
 
+def test_a_generator_implementation_and_an_async_reference_are_invalid():
+    with pytest.raises(equiv.InvalidArgument, match="generator function"):
+        @equivalent_to(ref1)
+        def double(x):
+            yield x * 2
+
+    async def aref(x):
+        return x * 2
+
+    with pytest.raises(equiv.InvalidArgument, match="the reference .* async"):
+        equivalent_to(aref)(lambda x: x * 2)
+
+
+class _ReturnsCoroutine:
+    def __call__(self, x):
+        async def later():
+            return x * 2
+        return later()
+
+
+def test_a_callable_returning_a_coroutine_is_invalid_at_run_time():
+    obj = equivalent_to(ref1)(_ReturnsCoroutine())
+    with pytest.raises(equiv.InvalidArgument, match="returned a coroutine"):
+        equiv.check(obj, settings=FAST, modes=("eager",))
+
+
+def test_a_sparse_output_is_invalid_naming_the_layout():
+    def ref(x):
+        return x.detach().to_sparse()
+
+    @equivalent_to(ref)
+    def sparse(x):
+        return x.detach().to_sparse()
+
+    with pytest.raises(equiv.InvalidArgument, match="layout torch.sparse_coo at output"):
+        equiv.check(sparse, settings=FAST, modes=("eager",))
+
+
+def test_object_leaves_compare_by_type_and_equality():
+    from equiv.compare import compare_trees
+
+    assert compare_trees({"k": "a", "n": None}, {"n": None, "k": "a"}, rtol=None, atol=None) == []
+    (m,) = compare_trees(("a", 1), ("b", 1), rtol=None, atol=None)
+    assert m.path == "output[0]" and "compared with ==" in m.message
+    (m,) = compare_trees([1.0], ["1.0"], rtol=None, atol=None)
+    assert "str '1.0'" in m.message
+
+
 # -- 10. inputs= of the wrong arity ------------------------------------------------------------
 def _add(x, y):
     return x + y
@@ -584,6 +632,43 @@ def test_global_state_set_by_an_implementation_does_not_leak():
         assert torch.get_default_dtype() == torch.float32
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def test_every_kind_of_global_state_is_restored_and_the_next_spec_passes():
+    import torch._dynamo
+
+    threads = torch.get_num_threads()
+    before = torch._dynamo.config.recompile_limit
+
+    @equivalent_to(ref1)
+    def meddles(x):
+        torch.use_deterministic_algorithms(True)
+        torch.set_num_threads(1)
+        torch.set_anomaly_enabled(True)
+        torch._dynamo.config.recompile_limit = 1
+        raise SystemExit(0)
+
+    with pytest.raises(equiv.ErrorMismatch):
+        equiv.check(meddles, settings=FAST, modes=("eager",))
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.get_num_threads() == threads and not torch.is_anomaly_enabled()
+    assert torch._dynamo.config.recompile_limit == before
+
+    @equivalent_to(ref1)
+    def fine(x):
+        return x + x
+
+    assert equiv.check(fine, settings=FAST, modes=("eager", "compile[aot_eager]")).ok
+
+
+def test_check_under_no_grad_still_compares_gradients():
+    @equivalent_to(ref1)
+    def double(x):
+        return _Times123.apply(x)
+
+    with torch.no_grad(), pytest.raises(equiv.GradientMismatch):
+        equiv.check(double, settings=FAST, modes=("eager",))
+    assert torch.is_grad_enabled()
 
 
 # -- 14. hostile global configuration ----------------------------------------------------------
