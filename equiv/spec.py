@@ -220,10 +220,8 @@ def equivalent_to(
     ``reference_dtype``/``reference_device`` run the reference in another floating dtype or on
     another device (e.g. ``torch.float64``, ``"cpu"``) and compare at the implementation's; they
     win over ``check()``'s arguments and the command-line flags, like the other settings.
-    ``grads=False`` declares that gradients are not part of the contract (e.g. a NumPy
-    reference): the gradient checks do not run; otherwise gradients that could not be compared
-    on any example make the run not a pass. ``allow_skip=("vmap",)`` accepts that torch cannot
-    run the implementation under those transforms (skipped with torch's reason, not a failure).
+    ``grads=False``: gradients are not part of the contract; ``allow_skip=("vmap",)``: a skip
+    of that transform as unsupported by torch is accepted (docs/reference.md, Verdicts).
     ``block_sizes`` (e.g. ``(64,)``) steers derived inputs toward lengths ``k*b - 1, k*b,
     k*b + 1`` along one dim. ``ref`` may be an ``nn.Module`` class or instance, with
     ``module_options`` describing the pair (:mod:`equiv.modules`). Returns the implementation
@@ -238,34 +236,31 @@ def equivalent_to(
     module_pair = _MODULE_HOOK and _MODULE_HOOK(ref, module_options, dict(options))
     placement = validate_reference(reference_dtype, reference_device, "equivalent_to")
     if module_pair is not None:
-        if placement != (None, None) or grads is not True or allow_skip:
-            raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=, grads=, "
-                                  "allow_skip=) are not supported for nn.Module pairs; pass "
-                                  "them to check() or settings().")
-        return module_pair
+        return _module_pair(module_pair, placement != (None, None) or grads is not True
+                            or bool(allow_skip))
     _validate_plain_options(ref, options)
-    options["block_sizes"] = _validate_block_sizes(block_sizes)
-    if not isinstance(grads, bool):
-        raise InvalidArgument(f"equivalent_to(grads={grads!r}): give True (compare gradients) "
-                              "or False (gradients are not part of the contract).")
-    options["grads"] = grads
-    options["allow_skip"] = skippable(allow_skip, "equivalent_to")
+    options.update(block_sizes=_validate_block_sizes(block_sizes),
+                   **_validate_verdict_options(grads, allow_skip))
 
     def decorate(impl: F) -> F:
         caller = sys._getframe(1).f_globals  # the namespace applying the decorator
         spec = _register(_build_spec(impl, ref, options, placement, caller), caller,
                          explicit=name is not None)
-        try:
-            impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
-        except (AttributeError, TypeError):
-            _REGISTRY.pop(spec.name, None)
-            raise InvalidArgument(
-                f"cannot attach a spec to {_qualname(impl)}; decorate a Python function that "
-                "calls it instead."
-            ) from None
-        return impl
+        return _attach(impl, spec)
 
     return decorate
+
+
+def _attach(impl: F, spec: Spec) -> F:
+    try:
+        impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        _REGISTRY.pop(spec.name, None)
+        raise InvalidArgument(
+            f"cannot attach a spec to {_qualname(impl)}; decorate a Python function that "
+            "calls it instead."
+        ) from None
+    return impl
 
 
 def _validate_plain_options(ref: Any, o: dict[str, Any]) -> None:
@@ -336,6 +331,22 @@ def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, st
         reference_device=placement[1], grads=o["grads"], allow_skip=o["allow_skip"],
         module=_owner_module(target, str(caller.get("__name__", ""))),
     )
+
+
+def _module_pair(decorate: Any, unsupported: bool) -> Any:
+    if unsupported:
+        raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=, grads=, "
+                              "allow_skip=) are not supported for nn.Module pairs; pass them to "
+                              "check() or settings().")
+    return decorate
+
+
+def _validate_verdict_options(grads: Any, allow_skip: Any) -> dict[str, Any]:
+    """``grads=`` and ``allow_skip=`` (what a pass may leave unchecked), validated."""
+    if not isinstance(grads, bool):
+        raise InvalidArgument(f"equivalent_to(grads={grads!r}): give True (compare gradients) "
+                              "or False (gradients are not part of the contract).")
+    return {"grads": grads, "allow_skip": skippable(allow_skip, "equivalent_to")}
 
 
 def _synchronous(role: str, fn: Any) -> None:
