@@ -133,7 +133,7 @@ def _execute(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun
 
 #: torch's words when a transform cannot run an implementation at all (not a bug in it)
 _TRANSFORM_UNSUPPORTED = ("must override the setup_context staticmethod",
-                          "functorch transforms")
+                          "functorch transforms", "We only support functionalizing operators")
 
 
 def _unsupported(exc: BaseException | None) -> bool:

@@ -15,6 +15,7 @@ from hypothesis.errors import FlakyFailure, Unsatisfiable
 
 from equiv._args import as_args
 from equiv._contracts import ErrorArgs
+from equiv._settings import SKIPPABLE
 from equiv._settings import settings as Settings
 from equiv.compare import dtype_tolerances
 from equiv._catalog import ROWS
@@ -100,6 +101,12 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
                                      spec.reference_dtype or reference_dtype)
     with torch.inference_mode(False), isolated(), torch.enable_grad():
         report = _check(spec, cfg, mode_objs, reference)
+    if raise_on_failure and not report.findings and not report.ok:
+        first = report.runs[0]
+        raise InvalidArgument(
+            f"every requested mode was skipped for {spec.name} ({first.mode}: {first.reason}): "
+            "nothing ran, which is not a pass. Request a mode the implementation runs under, "
+            "e.g. modes=('eager',).")
     if raise_on_failure:
         report.raise_if_failed()
     return report
@@ -208,10 +215,7 @@ def _compared_something(spec: Spec, cfg: Settings, coverage: dict[str, set[str]]
     if findings or counted:
         return
     if runs and all(r.status == "skipped" for r in runs):
-        raise InvalidArgument(
-            f"every requested mode was skipped for {spec.name} ({runs[0].mode}: "
-            f"{runs[0].reason}): nothing ran, which is not a pass. Request a mode the "
-            "implementation runs under, e.g. modes=('eager',).")
+        return  # every mode skipped (allowed): not ok, check() says so
     why = (" (the implementation calls no custom op, so opcheck had nothing to check)"
            if "opcheck" in coverage["ran"] else "")
     raise InvalidArgument(
@@ -359,6 +363,10 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
         found, findings = _drive(spec, mode, device, wrapped, driver.last_invalid)
         for e in found:
             findings.extend(_attribute(spec, mcfg, state, device, e))
+    if (mode.kind in SKIPPABLE and state.examples and not state.ran and not findings
+            and state.unsupported is None):  # e.g. no example could be batched under vmap
+        state.unsupported = (f"nothing could be checked under {mode.name}"
+                             + (f": {'; '.join(driver.notes[:2])}" if driver.notes else ""))
     findings.extend(_unchecked(spec, cfg, mode, device, state, findings))
     if coverage is not None:
         coverage["ran"] |= state.ran

@@ -14,7 +14,9 @@ from typing import Any, Iterator
 
 import torch
 
-from equiv._compat import tree_flatten, tree_unflatten
+from torch.overrides import TorchFunctionMode
+
+from equiv._compat import op_types, tree_flatten, tree_unflatten
 from equiv._settings import settings as Settings
 from equiv.examples import Args, Template
 from equiv.execution.calls import clone_tree, isolated, leaves, user_error
@@ -223,8 +225,9 @@ def _run_jvp(r: JvpRun, rebuild: Any, primals: tuple[torch.Tensor, ...],
             raise
         raise Unsupported(f"unsupported: the reference has no forward-mode derivative "
                           f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    recorder = _CustomOps()
     try:
-        with isolated():
+        with isolated(), recorder:
             r.impl_out, r.impl_tan = jvp(impl_side, primals, tangents)
     except BaseException as e:
         if not user_error(e):
@@ -235,6 +238,28 @@ def _run_jvp(r: JvpRun, rebuild: Any, primals: tuple[torch.Tensor, ...],
             raise Unsupported(f"unsupported: the implementation has no forward-mode "
                               f"derivative ({text.splitlines()[0][:200]})") from None
         r.impl_exc, r.valid = e, False
+        return
+    if recorder.ops:
+        raise Unsupported(
+            f"unsupported: the implementation calls custom op(s) {', '.join(recorder.ops)}, "
+            "which have no forward-mode derivative (torch.library registers backward formulas "
+            "only; jvp drops the tangent through them)")
+
+
+class _CustomOps(TorchFunctionMode):
+    """The names of the custom (non-aten) ops called inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        overload_t, packet_t = op_types()
+        if isinstance(func, (overload_t, packet_t)) and func.namespace not in (
+                "aten", "prim", "prims") and func.name() not in self.ops:
+            self.ops.append(str(func.name()))
+        return func(*args, **(kwargs or {}))
 
 
 def _float(x: Any) -> bool:
