@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
 from typing import Any, Iterable
 
 from equiv._settings import settings as Settings
@@ -37,12 +36,15 @@ class Result:
     verdict: str
     reason: str = ""
     report: Report | None = None
-    #: a finer outcome within the verdict: "timeout" (a "fail" with no finding)
+    #: a finer outcome within a "fail": "timeout" (an example ran past settings(timeout=)),
+    #: "not-checked" (something requested was not checked: a mode skipped as unsupported,
+    #: gradients compared on no example)
     kind: str = ""
 
     @property
     def label(self) -> str:
-        return "TIMEOUT" if self.kind == "timeout" else LABELS[self.verdict]
+        return {"timeout": "TIMEOUT", "not-checked": "not checked"}.get(
+            self.kind, LABELS[self.verdict])
 
     def to_dict(self) -> dict[str, Any]:
         r = self.report
@@ -180,41 +182,23 @@ def run_one(spec: Spec, mode: Any, device: str, **check_options: Any) -> Result:
     """Run ``spec`` under one mode (a name, or a mode object whose str is its name) on one
     device; never raises for findings, for a usage error or for an exception escaping the
     user's code (each is a result naming the spec), only for KeyboardInterrupt."""
-    from equiv._watchdog import ExampleTimeout, per_example
-    from equiv.run import check
+    from equiv.run import check  # it enforces settings(timeout=...) per example
 
     base = dict(spec=spec.name, implementation=spec.implementation, reference=spec.reference,
                 mode=str(mode), device=device)
-    timeout = _timeout(spec)
     try:
         why = device_unavailable(device)
         if why is not None:
             return Result(verdict="skipped", reason=why, **base)
-        with per_example(timeout) as unenforced:
-            if unenforced is not None:
-                warnings.warn(f"equiv: settings(timeout={timeout:g}) is not enforced for "
-                              f"{spec.name}: {unenforced}", RuntimeWarning, stacklevel=2)
-            report = check(narrow(spec, mode, device), modes=(mode,), devices=(device,),
-                           raise_on_failure=False, **check_options)
+        report = check(narrow(spec, mode, device), modes=(mode,), devices=(device,),
+                       raise_on_failure=False, **check_options)
     except InvalidArgument as e:
         return Result(verdict="error", reason=str(e), **base)
-    except ExampleTimeout as e:
-        return Result(verdict="fail", kind="timeout", reason=(
-            f"TIMEOUT: {spec.name} under {mode} on {device}: {e} (settings(timeout=...); it "
-            "counts both sides, all checks and any compilation of that example). Look for a "
-            "hang or an unbounded loop, or raise the limit."), **base)
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # SystemExit, an exception out of equiv itself...
         return Result(verdict="error", reason=_escaped(spec, e), **base)
     return _verdict(report, str(mode), device, base)
-
-
-def _timeout(spec: Spec) -> float | None:
-    own = spec.settings
-    if own is not None and "timeout" in own._explicit:
-        return own.timeout
-    return Settings.default().timeout
 
 
 def _escaped(spec: Spec, e: BaseException) -> str:
@@ -234,9 +218,22 @@ def _escaped(spec: Spec, e: BaseException) -> str:
 
 
 def _verdict(report: Report, mode: str, device: str, base: dict[str, Any]) -> Result:
+    """One row of the verdicts table (docs/reference.md): findings fail; run-level findings
+    name what was not checked (not compiled, not checked, a timeout)."""
+    run = mode_run(report, mode, device)
+    kinds = {f.check for f in report.findings}
+    if kinds == {"not-compiled"}:  # a compile mode that fell back to eager: never a pass
+        return Result(verdict="not-compiled", report=report, reason=report.findings[0].headline,
+                      **base)
+    if kinds == {"timeout"}:
+        f = report.findings[0]
+        return Result(verdict="fail", kind="timeout", report=report,
+                      reason=f"TIMEOUT: {f.headline} {f.fix[:1].upper()}{f.fix[1:]}", **base)
+    if kinds == {"not-checked"}:
+        return Result(verdict="fail", kind="not-checked", report=report,
+                      reason=report.findings[0].headline, **base)
     if report.findings:
         return Result(verdict="fail", report=report, **base)
-    run = mode_run(report, mode, device)
     status = getattr(run, "status", None)
     if status == "not compiled":  # a compile mode that fell back to eager: never a pass
         return Result(verdict="not-compiled", report=report, reason=getattr(run, "reason", "")

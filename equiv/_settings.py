@@ -60,6 +60,25 @@ def _tolerance_triples(value: Any) -> tuple[tuple[str, float, float], ...]:
     return tuple(sorted(out))
 
 
+#: the modes torch may be unable to run an implementation under (skipped, with torch's reason)
+SKIPPABLE: tuple[str, ...] = ("functionalize", "vmap", "jvp")
+
+
+def skippable(value: Any, where: str) -> tuple[str, ...]:
+    """``allow_skip=`` validated: a tuple of names from :data:`SKIPPABLE`."""
+    names = (value,) if isinstance(value, str) else value
+    try:
+        names = tuple(names)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(n, str) and n in SKIPPABLE for n in names):
+        raise InvalidArgument(
+            f"{where}(allow_skip={value!r}): give a tuple of the modes whose skip you accept "
+            f"when torch cannot run the implementation under them, from {list(SKIPPABLE)}, "
+            "e.g. allow_skip=('vmap',).")
+    return tuple(dict.fromkeys(names))
+
+
 @dataclasses.dataclass(frozen=True)
 class settings:
     """What a run explores. Immutable: derive with ``settings(parent, max_examples=...)``.
@@ -89,6 +108,10 @@ class settings:
     #: "timeout" outcome naming the spec; None: no limit (Hypothesis's own ``deadline``, given
     #: through ``hypothesis_settings``, is honoured either way)
     timeout: float | None = None
+    #: transforms whose skip is accepted when torch cannot run the implementation under them
+    #: (a classic ``autograd.Function`` under ``vmap``...): ``("vmap", "jvp", "functionalize")``
+    #: or some of them; a skip of any other requested mode is not a pass
+    allow_skip: tuple[str, ...] = ()
 
     _profiles: ClassVar[dict[str, "settings"]] = {}
     _current: ClassVar[str] = "default"
@@ -129,6 +152,7 @@ class settings:
         setting switches the ``schedule`` and ``memory`` checks on or off.)"""
         object.__setattr__(self, "dtypes", _dtype_names(self.dtypes))
         object.__setattr__(self, "tolerances", _tolerance_triples(self.tolerances))
+        object.__setattr__(self, "allow_skip", skippable(self.allow_skip, "settings"))
 
     def tolerance(self, dtype: Any) -> tuple[float, float] | None:
         """The (rtol, atol) configured for ``dtype`` (a name or torch dtype), or None for
@@ -270,7 +294,8 @@ def _load_environment_profile() -> None:
 
 # ci runs more examples; thorough also draws float64
 settings._profiles["ci"] = settings(settings._profiles["ci"], max_examples=100)
+# thorough asks for every mode: where torch cannot run a transform, the skip is accepted
 settings._profiles["thorough"] = settings(settings._profiles["thorough"],
-                                          dtypes=("float32", "float64"))
+                                          dtypes=("float32", "float64"), allow_skip=SKIPPABLE)
 
 _load_environment_profile()

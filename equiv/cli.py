@@ -233,6 +233,12 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
     except KeyboardInterrupt:  # show what finished, then stop with 130
         interrupted = True
     _table(results, out)
+    skipped = [r for r in results if r.verdict == "skipped"]
+    if skipped:  # what was not checked, and why (one line each)
+        print(file=out)
+        for r in skipped:
+            print(f"skipped: {r.spec} [{r.mode}-{r.device}]: {r.reason.splitlines()[0][:200]}",
+                  file=out)
     for r in results:
         if r.verdict in ("pass", "skipped"):
             continue

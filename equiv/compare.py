@@ -99,6 +99,12 @@ def compare_leaf(actual: Any, expected: Any, *, rtol: float | None, atol: float 
     a_t, e_t = isinstance(actual, torch.Tensor), isinstance(expected, torch.Tensor)
     if a_t != e_t:
         return Mismatch(path, f"expected {_short(expected)}, got {_short(actual)}")
+    if not a_t and not (_numeric(actual) and _numeric(expected)):
+        return _compare_objects(actual, expected, path)
+    if a_t and (actual.layout != torch.strided or expected.layout != torch.strided):
+        if actual.layout != expected.layout:
+            return Mismatch(path, f"expected layout {expected.layout}, got {actual.layout}")
+        actual, expected = actual.to_dense(), expected.to_dense()
     if (a_t and actual.dtype == expected.dtype and actual.shape == expected.shape
             and actual.device == expected.device and torch.equal(actual, expected)):
         return None  # fast path: bitwise equal (NaN never is, so those take the full path)
@@ -122,9 +128,46 @@ def compare_leaf(actual: Any, expected: Any, *, rtol: float | None, atol: float 
     return None
 
 
+def _numeric(x: Any) -> bool:
+    return isinstance(x, (bool, int, float, complex)) or type(x).__module__ == "numpy"
+
+
+def _compare_objects(actual: Any, expected: Any, path: str) -> Mismatch | None:
+    """Leaves that are neither tensors nor numbers (strings, enums, objects) compare by type
+    and ``==``."""
+    try:
+        same = type(actual) is type(expected) and bool(actual == expected)
+    except Exception:  # an object whose == raises or is not a truth value
+        same = actual is expected
+    if same:
+        return None
+    return Mismatch(path, f"expected {_short(expected)}, got {_short(actual)} (compared with ==)")
+
+
+def align(actual: Any, expected: Any) -> Any:
+    """``actual`` with every dict's keys in ``expected``'s order where the two dicts have the
+    same keys (dicts compare by key, not by insertion order); otherwise unchanged."""
+    if type(actual) is dict and type(expected) is dict:
+        if actual.keys() != expected.keys():
+            return actual
+        items = {k: align(actual[k], expected[k]) for k in expected}
+        same = list(actual) == list(items) and all(items[k] is actual[k] for k in items)
+        return actual if same else items
+    if isinstance(actual, (list, tuple)) and type(actual) is type(expected) \
+            and len(actual) == len(expected):
+        items = [align(a, e) for a, e in zip(actual, expected)]
+        if all(i is a for i, a in zip(items, actual)):
+            return actual
+        if isinstance(actual, list):
+            return items
+        return type(actual)(*items) if hasattr(actual, "_fields") else type(actual)(items)
+    return actual
+
+
 def compare_trees(actual: Any, expected: Any, *, rtol: float | None, atol: float | None,
                   root: str = "output", exact: bool = False) -> list[Mismatch]:
     """Every differing leaf of two pytrees; a structure difference is one mismatch."""
+    actual = align(actual, expected)
     a_leaves, a_spec = _flatten(actual)
     e_leaves, e_spec = _flatten(expected)
     if a_spec != e_spec:

@@ -15,6 +15,7 @@ from equiv._args import Args
 from equiv._compat import TorchDispatchMode, tree_flatten
 from equiv.errors import InvalidArgument
 from equiv.examples import Template, tensor_summary
+from equiv.execution.calls import isolated, user_error
 from equiv.spec import get_spec
 from equiv.timeline import _geometry, ctx_tensors, saved_by
 
@@ -110,7 +111,7 @@ def measure(fn: Any, side: Any, cotangent_seed: int = 0) -> MemoryStats | None:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     try:
-        with torch.enable_grad():
+        with isolated(), torch.enable_grad():
             if cuda:  # pragma: no cover
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     out = side.call(fn)
@@ -131,7 +132,9 @@ def measure(fn: Any, side: Any, cotangent_seed: int = 0) -> MemoryStats | None:
                 else:
                     with tracker:
                         torch.autograd.grad(outs, leaves, cots, allow_unused=True)
-    except Exception:  # the user's code raised: the error checks report it
+    except BaseException as e:  # the user's code raised: the error checks report it
+        if not user_error(e):
+            raise
         return None
     finally:
         tracker.close()
@@ -154,9 +157,12 @@ def retained(fn: Any, side: Any) -> MemoryStats | None:
         return t
 
     try:
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with isolated(), torch.enable_grad(), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = side.call(fn)
-    except Exception:  # the user's code raised: the error checks report it
+    except BaseException as e:  # the user's code raised: the error checks report it
+        if not user_error(e):
+            raise
         return None
     outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor) and o.requires_grad]
     kept, by = _retained(outs, saved, names)

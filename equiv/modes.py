@@ -220,9 +220,20 @@ class ModeRun:
         self.not_compiled: str | None = None
         self.unsupported: str | None = None
         self.examples = 0
+        #: over the valid examples: checks that ran, that compared something, and why a check
+        #: could not compare (its first reason)
+        self.ran: set[str] = set()
+        self.compared: set[str] = set()
+        self.uncompared: dict[str, str] = {}
         self.ref_device: str | None = None  # where the reference runs, when not beside impl
         self.ref_dtype: torch.dtype | None = None
         self._compiled: dict[str, Callable[..., Any]] = {}
+
+    def cover(self, ran: set[str], compared: set[str], uncompared: dict[str, str]) -> None:
+        self.ran |= ran
+        self.compared |= compared
+        for check, why in uncompared.items():
+            self.uncompared.setdefault(check, why)
 
     # -- the callables ----------------------------------------------------------------------
     def impl_fn(self) -> Callable[..., Any]:
@@ -305,6 +316,9 @@ class ModeRun:
 
         _compat.dynamo().reset()  # compiled state never leaks between specs or modes
         with contextlib.ExitStack() as stack:
+            # a conftest's suppress_errors=True would hide compile errors as eager fallbacks
+            # (and Dynamo refuses it beside fail_on_recompile_limit_hit): off for the run
+            stack.enter_context(_compat.dynamo().config.patch(suppress_errors=False))
             stack.enter_context(_compat.dynamo_config_patch(self.mode.recompile_limit))
             stack.enter_context(_compat.functorch_config_patch())
             stack.enter_context(_quiet_compile_logs())

@@ -36,7 +36,7 @@ from equiv.checks import (
 )
 from equiv.errors import EquivError, InternalError
 from equiv.examples import Template
-from equiv.execution.record import Placement, Sink, execute
+from equiv.execution.record import Placement, Sink, check_mutated, execute
 from equiv.execution.transforms import Unsupported, jvp_run, vmap_runs
 from equiv.modes import ModeRun
 from equiv.report import Finding
@@ -80,10 +80,22 @@ def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: 
                     device: str, *, place: Placement | None = None,
                     cotangent: CotangentVariant = CONTIGUOUS) -> Outcome:
     """Execute one example in ``state``'s mode and run every applicable check on it, with
-    ``cotangent`` the layout of the cotangents every backward of the core is handed."""
+    ``cotangent`` the layout of the cotangents every backward of the core is handed; what the
+    checks ran and compared on a valid example is added to ``state``'s account."""
+    mode = state.mode
+    sink = Sink(spec, cfg, place.mode if place is not None else mode.name, device)
+    check_mutated(spec, args)
+    outcome = _execute(spec, cfg, args, cot_seed, state, device, place, sink, cotangent)
+    if outcome.invalid is None:
+        state.cover(sink.ran, sink.compared, sink.uncompared)
+    return outcome
+
+
+def _execute(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun,
+             device: str, place: Placement | None, sink: Sink,
+             cotangent: CotangentVariant) -> Outcome:
     mode = state.mode
     kind = place.kind if place is not None else mode.kind
-    sink = Sink(spec, cfg, place.mode if place is not None else mode.name, device)
     if kind == "vmap":
         try:
             for run in vmap_runs(spec, cfg, args, cot_seed, mode.name, device, sink):
@@ -111,6 +123,11 @@ def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: 
     ex = execute(spec, cfg, args, cot_seed, place)
     ex.error_input = isinstance(args, ErrorArgs)
     ex.cot_variant = cotangent
+    if kind == "functionalize" and ex.ref_exc is None and _unsupported(ex.impl_exc):
+        state.unsupported = (f"unsupported: the implementation cannot run under functionalize "
+                             f"({type(ex.impl_exc).__name__}: "
+                             f"{str(ex.impl_exc).splitlines()[0][:200]})")
+        return Outcome([], None, sink.notes, ex.template)
     sink.template, sink.dtype = ex.template, ex.template.dtype
     why = ex.rejection()
     if why is not None:  # both raised: the error contract is still checked
@@ -122,6 +139,15 @@ def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: 
     return Outcome(sink.findings, None, sink.notes, ex.template)
 
 
+#: torch's words when a transform cannot run an implementation at all (not a bug in it)
+_TRANSFORM_UNSUPPORTED = ("must override the setup_context staticmethod",
+                          "functorch transforms", "We only support functionalizing operators")
+
+
+def _unsupported(exc: BaseException | None) -> bool:
+    return exc is not None and any(w in str(exc) for w in _TRANSFORM_UNSUPPORTED)
+
+
 def _run_checks(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
     for row in rows_for(cfg, kind):
         if row.needs != "example" and not ex.valid:
@@ -130,6 +156,7 @@ def _run_checks(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
             continue
         if row.needs == "clean" and sink.findings:
             continue
+        sink.ran.add(row.name)
         try:
             _MODULES[row.name].run(ex, sink)
         except EquivError:

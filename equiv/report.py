@@ -171,7 +171,10 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not self.findings
+        """No finding (run-level ones included: what was requested and not checked), and at
+        least one (mode, device) ran when the report records its runs."""
+        return not self.findings and (not self.runs or any(r.status != "skipped"
+                                                           for r in self.runs))
 
     def headline(self) -> str:
         verdict = "equivalent" if self.ok else (
@@ -213,6 +216,8 @@ class Report:
         """Raise the most specific :class:`EquivalenceFailure` subclass covering every finding."""
         if self.ok:
             return self
+        if not self.findings:  # nothing ran: every (mode, device) skipped
+            raise EquivalenceFailure(self)
         classes = {f.failure_class for f in self.findings}
         cls = classes.pop() if len(classes) == 1 else EquivalenceFailure
         raise cls(self)

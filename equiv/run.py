@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import warnings
 from typing import Any, Callable
 
 import hypothesis
@@ -15,10 +16,14 @@ from hypothesis.errors import FlakyFailure, Unsatisfiable
 from equiv._args import as_args
 from equiv._catalog import CHECK_NAMES
 from equiv._contracts import ErrorArgs
+from equiv._settings import SKIPPABLE
 from equiv._settings import settings as Settings
 from equiv.compare import dtype_tolerances
-from equiv.errors import InvalidArgument
+from equiv._catalog import ROWS
+from equiv.errors import GradientMismatch, InvalidArgument
 from equiv.modes import Mode, ModeRun, NotCompiled, device_unavailable, parse_mode
+from equiv._watchdog import ExampleTimeout, per_example
+from equiv.execution.calls import isolated
 from equiv.execution.record import Placement
 from equiv.pipeline import Outcome, execute_example, narrowed
 from equiv.report import Finding, ModeResult, Report
@@ -86,29 +91,83 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     """Run every applicable check of ``impl``'s spec and return the :class:`Report`.
 
     Raises :class:`equiv.EquivalenceFailure` (an ``AssertionError``; the most specific subclass,
-    e.g. ``GradientMismatch``) carrying ``.report`` when anything diverges, unless
-    ``raise_on_failure=False``.
+    e.g. ``GradientMismatch``) carrying ``.report`` when anything diverges, or when something
+    requested was not checked (a compile mode that captured no graph, a mode skipped as
+    unsupported, gradients compared on no example), unless ``raise_on_failure=False``.
 
     ``modes`` are stable names (``"eager"``, ``"compile[aot_eager]"``, ``"functionalize"``,
     ``"vmap"``...) or :func:`equiv.compiled` objects; ``devices`` are run when available and
     skipped with a reason otherwise. ``reference_device``/``reference_dtype`` run the reference
     elsewhere (e.g. ``"cpu"``, ``torch.float64``) and compare its results at the
     implementation's dtype and device (docs/numerics.md); the spec's own
-    ``equivalent_to(reference_dtype=, reference_device=)`` win over these arguments.
+    ``equivalent_to(reference_dtype=, reference_device=)`` win over these arguments. Runs with
+    inference mode off and grad mode on, whatever the caller's; global torch state is restored.
     """
     spec = get_spec(impl)
     cfg = _resolve(spec, settings, max_examples=max_examples, seed=seed, checks=checks,
                    modes=modes, devices=devices)
     mode_objs = [parse_mode(m) for m in cfg.modes]  # unknown names: InvalidArgument here
+    cfg = _selection(spec, cfg, mode_objs)
     reference = _reference_placement(spec.reference_device or reference_device,
                                      spec.reference_dtype or reference_dtype)
+    with torch.inference_mode(False), isolated(), torch.enable_grad():
+        report = _check(spec, cfg, mode_objs, reference)
+    if raise_on_failure and not report.findings and not report.ok:
+        first = report.runs[0]
+        raise InvalidArgument(
+            f"every requested mode was skipped for {spec.name} ({first.mode}: {first.reason}): "
+            "nothing ran, which is not a pass. Request a mode the implementation runs under, "
+            "e.g. modes=('eager',).")
+    if raise_on_failure:
+        report.raise_if_failed()
+    return report
+
+
+def _check(spec: Spec, cfg: Settings, mode_objs: list[Mode],
+           reference: tuple[str | None, Any]) -> Report:
     run_seed = cfg.seed if cfg.seed is not None else (
         None if cfg.derandomize else random.SystemRandom().randrange(2**32))
     findings: list[Finding] = []
-    notes: list[str] = []
-    runs: list[ModeResult] = []
+    notes: list[str] = [] if spec.grads else [
+        "gradients not compared: equivalent_to(grads=False) (not part of the contract)"]
     stats = {"runs": 0, "invalid": 0, "first_failure": 0}
-    available = []
+    available, runs = _devices(cfg, mode_objs)
+    table = {getattr(torch, d): (rtol, atol) for d, rtol, atol in cfg.tolerances}
+    coverage: dict[str, set[str]] = {"ran": set(), "compared": set()}
+    with per_example(cfg.timeout) as unenforced:
+        if unenforced is not None:
+            warnings.warn(f"equiv: settings(timeout={cfg.timeout:g}) is not enforced for "
+                          f"{spec.name}: {unenforced}", RuntimeWarning, stacklevel=3)
+        for device in available:
+            for mode in mode_objs:
+                try:
+                    with dtype_tolerances(table):
+                        f, n, r = _run_mode(spec, cfg, mode, device, run_seed, stats,
+                                            reference, coverage)
+                except ExampleTimeout as e:
+                    f, n, r = _timed_out(spec, mode, device, e)
+                findings.extend(f)
+                notes.extend(x for x in n if x not in notes)
+                runs.append(r)
+    _compared_something(spec, cfg, coverage, findings, runs)
+    if reference != (None, None):
+        notes.insert(0, f"reference run on {reference[0] or 'the same device'} in "
+                        f"{reference[1] or 'the example dtype'}; compared at the implementation's "
+                        "dtype and device with that dtype's tolerance")
+    return Report(
+        spec=spec.name, implementation=spec.implementation, reference=spec.reference,
+        findings=tuple(_dedupe(findings)), seed=run_seed, examples_run=stats["runs"],
+        invalid_examples=stats["invalid"], first_failure_at=stats["first_failure"] or None,
+        modes=tuple(m.name for m in mode_objs),
+        devices=cfg.devices, checks=cfg.checks, notes=tuple(notes), settings=cfg.summary(),
+        runs=tuple(runs),
+    )
+
+
+def _devices(cfg: Settings, mode_objs: list[Mode]) -> tuple[list[str], list[ModeResult]]:
+    """The available devices, and a skipped run per mode of each unavailable one; raises when
+    none is available (nothing would run, which is not a pass)."""
+    available, runs = [], []
     for device in cfg.devices:
         why = device_unavailable(device)
         if why is None:
@@ -121,30 +180,59 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
             f"nothing ran, which is not a pass. Request an available device, e.g. "
             f"devices=('cpu',), instead of devices={tuple(cfg.devices)!r}."
         )
-    table = {getattr(torch, d): (rtol, atol) for d, rtol, atol in cfg.tolerances}
-    for device in available:
-        for mode in mode_objs:
-            with dtype_tolerances(table):
-                f, n, r = _run_mode(spec, cfg, mode, device, run_seed, stats, reference)
-            findings.extend(f)
-            notes.extend(x for x in n if x not in notes)
-            runs.append(r)
+    return available, runs
 
-    if reference != (None, None):
-        notes.insert(0, f"reference run on {reference[0] or 'the same device'} in "
-                        f"{reference[1] or 'the example dtype'}; compared at the implementation's "
-                        "dtype and device with that dtype's tolerance")
-    report = Report(
-        spec=spec.name, implementation=spec.implementation, reference=spec.reference,
-        findings=tuple(_dedupe(findings)), seed=run_seed, examples_run=stats["runs"],
-        invalid_examples=stats["invalid"], first_failure_at=stats["first_failure"] or None,
-        modes=tuple(m.name for m in mode_objs),
-        devices=cfg.devices, checks=cfg.checks, notes=tuple(notes), settings=cfg.summary(),
-        runs=tuple(runs),
-    )
-    if raise_on_failure:
-        report.raise_if_failed()
-    return report
+
+def _selection(spec: Spec, cfg: Settings, mode_objs: list[Mode]) -> Settings:
+    """``cfg`` with the checks the spec's contract includes (``grads=False`` drops the gradient
+    checks); an empty selection, or one no check of which applies, is an InvalidArgument."""
+    for option, value in (("checks", cfg.checks), ("modes", cfg.modes)):
+        if not value:
+            raise InvalidArgument(
+                f"check({option}=()) selects nothing: nothing would be checked, which is not a "
+                f"pass. Omit {option}= to use the profile's, or name some, e.g. "
+                f"{option}=({'forward' if option == 'checks' else 'eager'!r},).")
+    chosen = cfg.checks
+    if not spec.grads:
+        chosen = tuple(c for c in chosen if ROWS[c].failure is not GradientMismatch)
+    kinds = {m.kind for m in mode_objs}
+    contract = spec.max_memory_ratio is not None or spec.max_retained_bytes is not None
+    applicable = [c for c in chosen if kinds & set(ROWS[c].modes)
+                  and (c != "memory" or contract)]
+    if not applicable:
+        why = ("'memory' checks a memory contract and the spec declares none (equivalent_to("
+               "max_memory_ratio=..., max_retained_bytes=...)); without one it is only a loose "
+               "default bound beside the other checks" if "memory" in chosen and not contract
+               else f"none of them runs in modes {tuple(m.name for m in mode_objs)!r}")
+        dropped = " (equivalent_to(grads=False) drops the gradient checks)" if chosen != \
+            cfg.checks else ""
+        raise InvalidArgument(
+            f"check(checks={tuple(cfg.checks)!r}) selects nothing that applies to {spec.name}"
+            f"{dropped}: {why}. Nothing would be compared, which is not a pass; select other "
+            "checks, or omit checks= for every check.")
+    return Settings(cfg, checks=chosen) if chosen != cfg.checks else cfg
+
+
+#: checks that say when they compared something (the others compare whenever they run)
+_SAY_WHEN_COMPARED = ("gradients", "opcheck")
+
+
+def _compared_something(spec: Spec, cfg: Settings, coverage: dict[str, set[str]],
+                        findings: list[Finding], runs: list[ModeResult]) -> None:
+    """Raise InvalidArgument when nothing was compared on any example: every requested mode
+    skipped (each allowed), or no selected check compared anything (e.g. only ``opcheck`` for
+    an implementation that calls no custom op)."""
+    counted = (coverage["ran"] - set(_SAY_WHEN_COMPARED)) | coverage["compared"]
+    if findings or counted:
+        return
+    if runs and all(r.status == "skipped" for r in runs):
+        return  # every mode skipped (allowed): not ok, check() says so
+    why = (" (the implementation calls no custom op, so opcheck had nothing to check)"
+           if "opcheck" in coverage["ran"] else "")
+    raise InvalidArgument(
+        f"check(checks={tuple(cfg.checks)!r}) compared nothing for {spec.name} on any example"
+        f"{why}: nothing was checked, which is not a pass. Select checks that apply, or omit "
+        "checks= for every check.")
 
 
 def _reference_placement(device: Any, dtype: Any) -> tuple[str | None, Any]:
@@ -277,6 +365,7 @@ class _ModeDriver:
 
 def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int | None,
               stats: dict[str, int], reference: tuple[str | None, Any] = (None, None),
+              coverage: dict[str, set[str]] | None = None,
               ) -> tuple[list[Finding], list[str], ModeResult]:
     """Drive Hypothesis over the examples of one (mode, device)."""
     state = ModeRun(mode, spec.impl, spec.ref)
@@ -294,9 +383,66 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
                    if e.findings[0].check in CHECK_NAMES else len(CHECK_NAMES))
         for e in found:
             findings.extend(_attribute(spec, mcfg, state, device, e))
-    if state.not_compiled is not None:
-        findings.append(_not_compiled(spec, mode, device, state.not_compiled))
+    if (mode.kind in SKIPPABLE and state.examples and not state.ran and not findings
+            and state.unsupported is None):  # e.g. no example could be batched under vmap
+        state.unsupported = (f"nothing could be checked under {mode.name}"
+                             + (f": {'; '.join(driver.notes[:2])}" if driver.notes else ""))
+    findings.extend(_unchecked(spec, cfg, mode, device, state, findings))
+    if coverage is not None:
+        coverage["ran"] |= state.ran
+        coverage["compared"] |= state.compared
     return findings, driver.notes, _mode_result(mode, device, state, findings)
+
+
+def _unchecked(spec: Spec, cfg: Settings, mode: Mode, device: str, state: ModeRun,
+               findings: list[Finding]) -> list[Finding]:
+    """Run-level findings for what was requested and not checked: a compile mode that stopped
+    compiling or captured no graph, a mode skipped as unsupported (unless ``allow_skip``
+    names it), gradients compared on no example (unless ``grads=False``)."""
+    if state.not_compiled is not None:
+        return [_not_compiled(spec, mode, device, state.not_compiled)]
+    if findings:  # the mode failed: that is its verdict (a compile attempt that raised
+        return []  # compiled nothing, a transform may stop after a finding)
+    if state.status(False) == "not compiled":
+        return [_run_level(spec, mode, device, "not-compiled",
+                           f"mode {mode.name} was not compiled: {state.reason()}; nothing was "
+                           "checked under the compiler, which is not a pass.",
+                           "remove @torch.compiler.disable / TORCHDYNAMO_DISABLE, or drop "
+                           f"{mode.name} from modes=.")]
+    if state.unsupported is not None:
+        if mode.kind in set(cfg.allow_skip) | set(spec.allow_skip):
+            return []
+        return [_run_level(spec, mode, device, "not-checked",
+                           f"mode {mode.name} was skipped: {state.unsupported}; nothing was "
+                           "checked in this mode, which is not a pass.",
+                           f"declare equivalent_to(allow_skip=({mode.kind!r},)) (or "
+                           f"settings(allow_skip=...)) to accept it, or drop {mode.name} from "
+                           "modes=.")]
+    why = state.uncompared.get("gradients", "").removeprefix("gradients not compared: ")
+    if why and "gradients" not in state.compared:
+        return [_run_level(spec, mode, device, "not-checked",
+                           f"gradients were compared on no example under {mode.name}: {why}; "
+                           "the implementation's backward was not checked, which is not a pass.",
+                           "make the reference differentiable (torch ops, no .detach() or "
+                           "NumPy), or declare equivalent_to(grads=False) if gradients are not "
+                           "part of the contract.")]
+    return []
+
+
+def _run_level(spec: Spec, mode: Mode, device: str, check: str, headline: str,
+               fix: str) -> Finding:
+    return Finding(check=check, headline=headline, spec=spec.name,
+                   implementation=spec.implementation, reference=spec.reference,
+                   mode=mode.name, device=device, fix=fix)
+
+
+def _timed_out(spec: Spec, mode: Mode, device: str, e: ExampleTimeout,
+               ) -> tuple[list[Finding], list[str], ModeResult]:
+    f = _run_level(spec, mode, device, "timeout",
+                   f"{spec.name} under {mode.name} on {device}: {e} (settings(timeout=...); it "
+                   "counts both sides, all checks and any compilation of that example).",
+                   "look for a hang or an unbounded loop, or raise the limit.")
+    return [f], [], ModeResult(mode.name, device, "FAIL", reason=str(e))
 
 
 def _drive(spec: Spec, mode: Mode, device: str, wrapped: Callable[[], None],
@@ -355,11 +501,18 @@ def _not_compiled(spec: Spec, mode: Mode, device: str, why: str) -> Finding:
     )
 
 
+#: run-level findings: what was requested and not checked (never a check's divergence)
+_RUN_LEVEL = ("not-compiled", "not-checked")
+
+
 def _mode_result(mode: Mode, device: str, state: ModeRun, findings: list[Finding]) -> ModeResult:
-    failed = any(f.check != "not-compiled" for f in findings)
+    failed = any(f.check not in _RUN_LEVEL for f in findings)
     status = state.status(failed)
+    if status == "passed" and findings:  # gradients compared on no example
+        return ModeResult(mode.name, device, "not checked", state.examples,
+                          findings[0].headline, info=state.info())
     if status == "FAIL" and all(f.attribution == FLAKY or f.check == "flaky" for f in findings
-                                if f.check != "not-compiled"):
+                                if f.check not in _RUN_LEVEL):
         status = "flaky"
     return ModeResult(
         mode.name, device, status, state.examples, "" if status == "FAIL" else state.reason(),

@@ -17,6 +17,7 @@ from equiv._contracts import validate_contracts
 from equiv._options import validate_variants
 from equiv._schedule import validate_options
 from equiv._settings import settings as Settings
+from equiv._settings import skippable
 from equiv._targets import callable_for, own_spec
 from equiv.errors import InvalidArgument
 from equiv.strategies import arguments_for
@@ -71,6 +72,10 @@ class Spec:
     # where the reference runs (equiv.numerics): a floating dtype and/or a device, or None
     reference_dtype: Any = None
     reference_device: str | None = None
+    #: False: gradients are not part of the contract (the gradient checks do not run)
+    grads: bool = True
+    #: transforms whose "unsupported by torch" skip is accepted (equiv._settings.SKIPPABLE)
+    allow_skip: tuple[str, ...] = ()
     #: the module the spec belongs to (collected by ``equiv check``, ``tests_for(module)``)
     module: str = ""
     #: mutated arguments the implementation overwrites entirely (filled with NaN before its call)
@@ -191,6 +196,8 @@ def equivalent_to(
     reference_dtype: Any = None,
     reference_device: str | None = None,
     write_only: Sequence[str] = (),
+    grads: bool = True,
+    allow_skip: Sequence[str] = (),
     **module_options: Any,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
@@ -213,6 +220,8 @@ def equivalent_to(
     ``reference_dtype``/``reference_device`` run the reference in another floating dtype or on
     another device (e.g. ``torch.float64``, ``"cpu"``) and compare at the implementation's; they
     win over ``check()``'s arguments and the command-line flags, like the other settings.
+    ``grads=False``: gradients are not part of the contract; ``allow_skip=("vmap",)``: a skip
+    of that transform as unsupported by torch is accepted (docs/reference.md, Verdicts).
     ``block_sizes`` (e.g. ``(64,)``) steers derived inputs toward lengths ``k*b - 1, k*b,
     k*b + 1`` along one dim. ``ref`` may be an ``nn.Module`` class or instance, with
     ``module_options`` describing the pair (:mod:`equiv.modules`). Returns the implementation
@@ -227,37 +236,32 @@ def equivalent_to(
     module_pair = _MODULE_HOOK and _MODULE_HOOK(ref, module_options, dict(options))
     placement = validate_reference(reference_dtype, reference_device, "equivalent_to")
     if module_pair is not None:
-        _module_pair_refuses(placement, write_only)
-        return module_pair
+        return _module_pair(module_pair, placement != (None, None) or grads is not True
+                            or bool(allow_skip) or bool(write_only))
     _validate_plain_options(ref, options)
     options.update(block_sizes=_validate_block_sizes(block_sizes),
-                   write_only=_validate_write_only(write_only, mutates))
+                   write_only=_validate_write_only(write_only, mutates),
+                   **_validate_verdict_options(grads, allow_skip))
 
     def decorate(impl: F) -> F:
         caller = sys._getframe(1).f_globals  # the namespace applying the decorator
         spec = _register(_build_spec(impl, ref, options, placement, caller), caller,
                          explicit=name is not None)
-        try:
-            impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
-        except (AttributeError, TypeError):
-            _REGISTRY.pop(spec.name, None)
-            raise InvalidArgument(
-                f"cannot attach a spec to {_qualname(impl)}; decorate a Python function that "
-                "calls it instead."
-            ) from None
-        return impl
+        return _attach(impl, spec)
 
     return decorate
 
 
-def _module_pair_refuses(placement: tuple[Any, str | None], write_only: Any) -> None:
-    """The options an ``nn.Module`` pair does not take."""
-    if placement != (None, None):
-        raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=) are not "
-                              "supported for nn.Module pairs; pass them to check().")
-    if write_only:
-        raise InvalidArgument("equivalent_to(write_only=) is not supported for nn.Module "
-                              "pairs; it names mutated arguments of a plain function.")
+def _attach(impl: F, spec: Spec) -> F:
+    try:
+        impl.__equiv_spec__ = spec  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        _REGISTRY.pop(spec.name, None)
+        raise InvalidArgument(
+            f"cannot attach a spec to {_qualname(impl)}; decorate a Python function that "
+            "calls it instead."
+        ) from None
+    return impl
 
 
 def _validate_plain_options(ref: Any, o: dict[str, Any]) -> None:
@@ -294,6 +298,8 @@ def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, st
     if not callable(impl):
         raise InvalidArgument(f"@equivalent_to decorates a callable, got {impl!r:.60}.")
     target = _callable_target(impl)
+    for role, fn in (("implementation", target), ("reference", ref)):
+        _synchronous(role, fn)
     try:
         sig = inspect.signature(target)
     except (TypeError, ValueError) as e:
@@ -321,9 +327,39 @@ def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, st
         max_retained_bytes=o["max_retained_bytes"], aliases=alias_map,
         error_inputs=err_inputs, raises=err_type, match=err_match,
         block_sizes=o["block_sizes"], reference_dtype=placement[0],
-        reference_device=placement[1], write_only=o["write_only"],
+        reference_device=placement[1], grads=o["grads"], allow_skip=o["allow_skip"],
+        write_only=o["write_only"],
         module=_owner_module(target, str(caller.get("__name__", ""))),
     )
+
+
+def _module_pair(decorate: Any, unsupported: bool) -> Any:
+    if unsupported:
+        raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=, grads=, "
+                              "allow_skip=, write_only=) are not supported for nn.Module pairs; "
+                              "pass the first four to check() or settings().")
+    return decorate
+
+
+def _validate_verdict_options(grads: Any, allow_skip: Any) -> dict[str, Any]:
+    """``grads=`` and ``allow_skip=`` (what a pass may leave unchecked), validated."""
+    if not isinstance(grads, bool):
+        raise InvalidArgument(f"equivalent_to(grads={grads!r}): give True (compare gradients) "
+                              "or False (gradients are not part of the contract).")
+    return {"grads": grads, "allow_skip": skippable(allow_skip, "equivalent_to")}
+
+
+def _synchronous(role: str, fn: Any) -> None:
+    """An ``async def`` or generator function returns a coroutine or generator, not a value."""
+    inner = fn.func if isinstance(fn, functools.partial) else fn
+    kind = ("an async function (async def)" if inspect.iscoroutinefunction(inner)
+            or inspect.isasyncgenfunction(inner) else
+            "a generator function" if inspect.isgeneratorfunction(inner) else None)
+    if kind is not None:
+        raise InvalidArgument(
+            f"equivalent_to: the {role} {_qualname(fn)} is {kind}; equiv calls both sides "
+            "synchronously and compares the values they return. Decorate a plain function "
+            "that returns the value, e.g. def f(x): return asyncio.run(g(x)).")
 
 
 def _validate_block_sizes(value: Any) -> tuple[int, ...]:

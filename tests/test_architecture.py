@@ -18,7 +18,7 @@ LAYERS: dict[str, int] = {
     # contract: what a user declares (spec, settings, schedules, targets, inputs, the catalog)
     "equiv._args": 1, "equiv.strategies": 1, "equiv._catalog": 1, "equiv._settings": 1,
     "equiv._options": 1, "equiv._schedule": 1, "equiv._targets": 1, "equiv.spec": 1,
-    "equiv._contracts": 1,
+    "equiv._contracts": 1, "equiv._watchdog": 0,
     "equiv.modules": 1,
     # engine: examples, comparison, modes, recorder, memory, variants, reports, execution core
     "equiv.examples": 2, "equiv.compare": 2, "equiv.numerics": 2, "equiv.modes": 2,

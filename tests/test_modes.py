@@ -406,10 +406,13 @@ def test_vmap_unsupported_function_is_skipped_not_passed():
     def rowscale(x, w):
         return OldStyle.apply(x, w)
 
-    report = check(rowscale, settings=FAST, modes=("vmap",), checks=("forward",))
+    report = check(rowscale, settings=FAST, modes=("vmap",), checks=("forward",),
+                   raise_on_failure=False)
     (run,) = report.runs
     assert run.status == "skipped" and run.reason.startswith("unsupported: the implementation")
     assert "vmap on cpu: skipped" in report.render()
+    # a requested mode that was skipped is not a pass unless allow_skip names it
+    assert not report.ok and [f.check for f in report.findings] == ["not-checked"]
 
 
 # -- devices ----------------------------------------------------------------------------------
@@ -603,9 +606,12 @@ def test_jvp_without_a_forward_formula_is_skipped():
     def square(x):
         return NoJvp.apply(x)
 
-    report = check(square, settings=FAST, modes=("jvp",), checks=("forward", "gradients"))
+    report = check(square, settings=FAST, modes=("jvp",), checks=("forward", "gradients"),
+                   raise_on_failure=False)
     (run,) = report.runs
     assert run.status == "skipped" and "no forward-mode derivative" in run.reason
+    assert [f.check for f in report.findings] == ["not-checked"]
+    assert "allow_skip=('jvp',)" in report.findings[0].fix
 
 
 # -- a second real compile-only divergence (torch 2.13 CPU): a mark_dirty Function ------------------

@@ -70,6 +70,7 @@ def _first_backward(ex: Any, sink: Sink) -> None:
         sink.finding(NAME, headline, details=f"{type(b.error).__name__}: {str(b.error)[:400]}",
                      tb=format_tb(b.error), fix=fix)
         return
+    sink.mark_compared(NAME)
     for name, headline, m, fix in cotangent_written(ex, b, 1):
         sink.finding(NAME, headline, argument=name, mismatch=m, exact=True, fix=fix)
     for i, (g, a, e) in enumerate(zip(pairing.groups, b.grads, ref)):
@@ -97,9 +98,10 @@ def _finite_differences(ex: Any, sink: Sink, why: str | None) -> None:
     fd, detail = ex.finite_differences()
     if fd is None:
         if why is not None or detail is not None:
-            sink.note(f"gradients not compared: {why or 'the reference does not differentiate'}"
-                      f" and {detail}")
+            sink.not_compared(NAME, f"gradients not compared: "
+                              f"{why or 'the reference is not differentiable'} and {detail}")
         return
+    sink.mark_compared(NAME)
     if not fd.ok:
         sink.finding(NAME, "the implementation's vector-Jacobian product disagrees with finite "
                      "differences of the reference (which cannot differentiate"
@@ -122,6 +124,7 @@ def _function_words(sink: Sink, first: int) -> None:
 def _tangents(ex: Any, sink: Sink) -> None:
     if len(ex.impl_out) != len(ex.ref_out):
         return  # the forward check reports it
+    sink.mark_compared(NAME)
     for name, a, e, ta, te in zip(ex.names, ex.impl_out, ex.ref_out, ex.impl_tan, ex.ref_tan):
         if compare_leaf(a, e, rtol=ex.spec.rtol, atol=ex.spec.atol, path=name) is not None:
             continue  # the forward check reports it

@@ -3,12 +3,17 @@ errors (they come back as values), leaves of result trees, cotangents and VJPs."
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import sys
 import traceback
-from typing import Any, Callable
+import warnings
+from typing import Any, Callable, Iterator
 
 import torch
 
 from equiv._compat import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from equiv.errors import InvalidArgument
 from equiv.examples import Side, tensor_summary
 from equiv.modes import normalise_error
 
@@ -22,13 +27,97 @@ def format_tb(exc: BaseException) -> str:
     return "".join(lines[-12:])
 
 
-def call(fn: Callable[..., Any], side: Side) -> tuple[Any, BaseException | None]:
-    """``fn`` on ``side``'s arguments under ``enable_grad``: (result, None) or (None, error)."""
+def user_error(e: BaseException) -> bool:
+    """True for an exception raised by the user's code that is evidence about it: every
+    ``Exception``, and ``SystemExit``/``GeneratorExit``-like ``BaseException``s; never
+    ``KeyboardInterrupt`` nor equiv's own signals (``NotCompiled``, ``ExampleTimeout``)."""
+    if isinstance(e, Exception):
+        return True
+    if isinstance(e, KeyboardInterrupt):
+        return False
+    return not type(e).__module__.startswith("equiv")
+
+
+def _global_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "dtype": torch.get_default_dtype(),
+        "deterministic": (torch.are_deterministic_algorithms_enabled(),
+                          torch.is_deterministic_algorithms_warn_only_enabled()),
+        "threads": torch.get_num_threads(),
+        "anomaly": (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+        "grad": torch.is_grad_enabled(),
+        "device": torch.get_default_device(),
+    }
+    config = sys.modules.get("torch._dynamo.config")
+    if config is not None:
+        state["dynamo"] = config.get_config_copy()
+    return state
+
+
+def _restore(saved: dict[str, Any]) -> None:
+    if torch.get_default_dtype() != saved["dtype"]:
+        torch.set_default_dtype(saved["dtype"])
+    det, warn_only = saved["deterministic"]
+    if (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled()) != (det, warn_only):
+        torch.use_deterministic_algorithms(det, warn_only=warn_only)
+    if torch.get_num_threads() != saved["threads"]:
+        torch.set_num_threads(saved["threads"])
+    if (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) != saved["anomaly"]:
+        torch.set_anomaly_enabled(*saved["anomaly"])
+    torch.set_grad_enabled(saved["grad"])
+    if torch.get_default_device() != saved["device"]:
+        torch.set_default_device(saved["device"])
+    config = sys.modules.get("torch._dynamo.config")
+    if config is not None and "dynamo" in saved:
+        now = config.get_config_copy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated options warn when set
+            for key, value in saved["dynamo"].items():
+                if now.get(key, value) != value:
+                    setattr(config, key, value)
+
+
+@contextlib.contextmanager
+def isolated() -> Iterator[None]:
+    """Global torch state the user's code may set (default dtype and device, deterministic
+    algorithms, thread count, anomaly mode, grad mode, Dynamo config) is restored after the
+    block, so one spec never changes how the next one runs."""
+    saved = _global_state()
     try:
-        with torch.enable_grad():
-            return side.call(fn), None
-    except Exception as e:  # the user's code raised: evidence, never a crash of equiv
+        yield
+    finally:
+        _restore(saved)
+
+
+def call(fn: Callable[..., Any], side: Side) -> tuple[Any, BaseException | None]:
+    """``fn`` on ``side``'s arguments under ``enable_grad``: (result, None) or (None, error);
+    global torch state is restored afterwards (:func:`isolated`)."""
+    try:
+        with isolated(), torch.enable_grad():
+            result = side.call(fn)
+    except BaseException as e:  # the user's code raised: evidence, never a crash of equiv
+        if not user_error(e):
+            raise
         return None, normalise_error(e)
+    return synchronous(fn, result), None
+
+
+def synchronous(fn: Any, result: Any) -> Any:
+    """``result``, unless calling ``fn`` gave a coroutine or generator (an ``async def`` or a
+    generator function): that is a usage error, not a value to compare."""
+    if inspect.isawaitable(result) or inspect.isgenerator(result) or inspect.isasyncgen(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()
+        kind = "a generator" if inspect.isgenerator(result) else (
+            "an async generator" if inspect.isasyncgen(result) else "a coroutine (async)")
+        raise InvalidArgument(
+            f"{getattr(fn, '__qualname__', type(fn).__name__)} returned {kind} instead of its "
+            "result: equiv calls implementations and references synchronously. Wrap it in a "
+            "plain function that returns the value, e.g. lambda x: asyncio.run(f(x)) or "
+            "tuple(f(x)).")
+    return result
 
 
 def is_diff(t: Any) -> bool:
@@ -76,8 +165,12 @@ def vjp(outs: list[torch.Tensor], leaves_: list[torch.Tensor],
         cots: list[torch.Tensor]) -> tuple[list[torch.Tensor], BaseException | None]:
     """Gradients of ``outs`` w.r.t. ``leaves_`` for ``cots`` (graph retained; unused -> zeros)."""
     try:
-        grads = torch.autograd.grad(outs, leaves_, cots, retain_graph=True, allow_unused=True)
-    except Exception as e:  # the user's backward raised
+        with isolated():
+            grads = torch.autograd.grad(outs, leaves_, cots, retain_graph=True,
+                                        allow_unused=True)
+    except BaseException as e:  # the user's backward raised
+        if not user_error(e):
+            raise
         return [], e
     return [torch.zeros_like(l) if g is None else g.detach() for g, l in zip(grads, leaves_)], None
 

@@ -10,10 +10,11 @@ import torch
 
 from equiv._compat import tree_flatten
 from equiv._settings import settings as Settings
-from equiv.compare import Mismatch, compare_leaf, compare_trees
+from equiv.compare import Mismatch, align, compare_leaf, compare_trees
 from equiv.errors import InvalidArgument
 from equiv.examples import Args, Side, Template
 from equiv.execution.calls import brief, call, cast_like, cotangent, detached_clone, is_diff
+from equiv.execution.calls import isolated, user_error
 from equiv.execution.calls import leaves as leaves_of
 from equiv.execution.calls import vjp
 from equiv.execution.graph import function_nodes
@@ -65,6 +66,11 @@ class Sink:
         self.notes: list[str] = []
         self.dtype = "-"
         self.template: Template | None = None  # the example, once the core has built it
+        #: the checks that ran on this example, those that compared something, and why the
+        #: others could not compare (the runner's account of what was checked)
+        self.ran: set[str] = set()
+        self.compared: set[str] = set()
+        self.uncompared: dict[str, str] = {}
 
     def finding(self, check: str, headline: str, *, argument: str | None = None,
                 mismatch: Mismatch | None = None, details: str = "", tb: str | None = None,
@@ -100,6 +106,16 @@ class Sink:
         if text not in self.notes:
             self.notes.append(text)
 
+    def mark_compared(self, check: str) -> None:
+        """``check`` compared something on this example."""
+        self.compared.add(check)
+
+    def not_compared(self, check: str, why: str) -> None:
+        """``check`` applied but could not compare on this example (a note too): when it
+        compares on no example of a mode, the run is not a pass (:mod:`equiv.run`)."""
+        self.uncompared.setdefault(check, why)
+        self.note(why)
+
 
 @dataclasses.dataclass
 class Pairing:
@@ -126,6 +142,10 @@ def split(spec: Spec, ref_result: Any) -> tuple[Any, dict[str, Any], bool]:
     if "out" in locs.values():
         (arg,) = locs
         return ref_result, {arg: ref_result}, True
+    if isinstance(ref_result, (tuple, list)):  # -1 is the last element, as in Python
+        n = len(ref_result)
+        locs = {a: l % n if isinstance(l, int) and not isinstance(l, bool) and -n <= l < 0
+                else l for a, l in locs.items()}
     for arg, loc in locs.items():
         try:
             finals[arg] = ref_result[loc]
@@ -143,6 +163,27 @@ def split(spec: Spec, ref_result: Any) -> tuple[Any, dict[str, Any], bool]:
     else:
         consumed = False
     return ref_result, finals, consumed
+
+
+def check_mutated(spec: Spec, example: Args) -> None:
+    """Raise :class:`InvalidArgument` when an argument named in ``mutates=`` was drawn as a
+    value holding no tensor (nothing could be written in place, so nothing would be compared)."""
+    if not spec.mutates:
+        return
+    try:
+        bound = spec.signature.bind(*example.args, **example.kwargs)
+    except TypeError:
+        return  # the example does not fit: the core reports that
+    for arg in spec.mutates:
+        if arg not in bound.arguments:
+            continue
+        value = bound.arguments[arg]
+        if not any(isinstance(v, torch.Tensor) for v in tree_flatten(value)[0]):
+            raise InvalidArgument(
+                f"equivalent_to(mutates={dict(spec.mutates)!r}) names {arg!r}, but its drawn "
+                f"value is not a tensor ({type(value).__name__} {brief(value)}): only tensors "
+                f"are written in place, so nothing about {arg!r} would be compared. Remove "
+                f"{arg!r} from mutates=, or make inputs= draw a tensor for it.")
 
 
 def pair(template: Template, impl_side: Side, impl_out: Any, ref_side: Side, ref_out: Any,
@@ -562,9 +603,12 @@ class Execution:
         fn = fd_reference(self.template, plan, self.ref_fn, lambda r: split(self.spec, r),
                           self.device)
         try:
-            return fd_check(fn, plan, cots, grads, plan.impl_values[0].dtype,
-                            self.cot_seed), None
-        except Exception as e:  # the reference raised in float64: no finite differences
+            with isolated():
+                return fd_check(fn, plan, cots, grads, plan.impl_values[0].dtype,
+                                self.cot_seed), None
+        except BaseException as e:  # the reference raised in float64: no finite differences
+            if not user_error(e):
+                raise
             return None, (f"finite differences failed (the reference raised "
                           f"{type(e).__name__} in float64: {str(e)[:120]})")
 
@@ -596,13 +640,16 @@ class Execution:
         side = self.side(grad=how != "inputs")
         before = side.versions()
         try:
-            if how == "no_grad":
-                with torch.no_grad():
+            with isolated():
+                if how == "no_grad":
+                    with torch.no_grad():
+                        result = side.call(self.impl_fn)
+                else:
                     result = side.call(self.impl_fn)
-            else:
-                result = side.call(self.impl_fn)
             return ContractRun(side, result, None, before)
-        except Exception as e:  # the user's code raised: evidence, never a crash of equiv
+        except BaseException as e:  # the user's code raised: evidence, never a crash of equiv
+            if not user_error(e):
+                raise
             return ContractRun(side, None, normalise_error(e), before)
 
     def retained(self, which: str) -> Any:
@@ -676,15 +723,28 @@ def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
     impl_side = template.instantiate(device=place.device)
     ex.impl_side, ex.impl_versions = impl_side, impl_side.versions()
     ex.impl_result, ex.impl_exc = call(ex.impl_fn, impl_side)
+    for who, result in (("reference", ex.ref_result), ("implementation", ex.impl_result)):
+        _strided_only(spec, who, result)
     if not ex.valid:
         return ex
     expected, finals, consumed = split(spec, ex.ref_result)
+    ex.impl_result = align(ex.impl_result, expected)  # dicts compare by key, not order
     if place.cross:
         expected = cast_like(expected, ex.impl_result)
         finals = {a: cast_like(f, impl_side.argument(a)) for a, f in finals.items()}
     ex.expected, ex.finals, ex.consumed = expected, finals, consumed
     ex.out_snapshot = detached_clone(ex.impl_result)
     return ex
+
+
+def _strided_only(spec: Spec, who: str, result: Any) -> None:
+    for path, leaf in leaves_of(result):
+        if isinstance(leaf, torch.Tensor) and leaf.layout != torch.strided:
+            name = spec.reference if who == "reference" else spec.implementation
+            raise InvalidArgument(
+                f"the {who} {name} returned a tensor with layout {leaf.layout} at "
+                f"output{path}: equiv compares strided tensors only (values, views, gradients). "
+                "Check a wrapper that returns .to_dense() on both sides.")
 
 
 def _check_reference_pure(spec: Spec, template: Template, side: Side,

@@ -16,7 +16,7 @@ import torch
 from equiv._schedule import Schedule
 from equiv.errors import InvalidArgument
 from equiv.examples import Side, Template
-from equiv.execution.calls import call, cotangent, vjp
+from equiv.execution.calls import call, cotangent, isolated, user_error, vjp
 from equiv.execution.calls import leaves as leaves_of
 from equiv.execution.record import Execution, Sink, pair, split
 from equiv.timeline import Recorder, likely_cause
@@ -103,11 +103,13 @@ class Script:
         leaves = [side.leaves[g.index] for g in self.groups]
         result = ScriptResult([])
         if recorder is None:
-            self._steps(schedule, fn, side, leaves, cots, result, None)
+            with isolated():  # global torch state the user's code sets is restored
+                self._steps(schedule, fn, side, leaves, cots, result, None)
             return result
         self._name_arguments(recorder, side, leaves)
         with recorder:
-            self._steps(schedule, fn, side, leaves, cots, result, recorder)
+            with isolated():
+                self._steps(schedule, fn, side, leaves, cots, result, recorder)
             # the steps' frame is gone, so the graph and outputs are freed; now the arguments
             # (no gc.collect(): a full collection costs ~0.3 s; storages kept only by reference
             # cycles, e.g. a ctx attribute holding an output, are simply not shown released)
@@ -162,7 +164,9 @@ class Script:
                             recorder.phase("step")
                             recorder.step("SGD")
                         self._step(leaves, result.grads[-1] if result.grads else None)
-                except Exception as e:  # the user's code raised: that is the outcome
+                except BaseException as e:  # the user's code raised: that is the outcome
+                    if not user_error(e):
+                        raise
                     result.error, result.failed_step = e, step
                     return
         finally:

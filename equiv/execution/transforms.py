@@ -16,11 +16,13 @@ from typing import Any, Iterator
 
 import torch
 
-from equiv._compat import tree_flatten, tree_unflatten
+from torch.overrides import TorchFunctionMode
+
+from equiv._compat import op_types, tree_flatten, tree_unflatten
 from equiv._settings import settings as Settings
 from equiv.compare import compare_leaf
 from equiv.examples import Args, Template
-from equiv.execution.calls import clone_tree, cotangent, leaves, vjp
+from equiv.execution.calls import clone_tree, cotangent, isolated, leaves, user_error, vjp
 from equiv.execution.record import Placement, Sink, execute, split
 from equiv.modes import normalise_error
 from equiv.spec import Spec
@@ -171,17 +173,21 @@ def _run_vmap(r: VmapRun, args: tuple[Any, ...], kwargs: dict[str, Any],
     batched, in_dims = _batched(args, dim, gen)
     ref_args, r.impl_args, r.before = clone_tree(batched), clone_tree(batched), clone_tree(batched)
     try:
-        with torch.no_grad():
+        with isolated(), torch.no_grad():
             ref_result = vmap(lambda *a: spec.ref(*a, **kwargs), in_dims=in_dims,
                               out_dims=dim)(*ref_args)
-    except Exception as e:
+    except BaseException as e:
+        if not user_error(e):
+            raise
         raise Unsupported(f"unsupported: the reference cannot run under vmap "
                           f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
     try:
-        with torch.no_grad():
+        with isolated(), torch.no_grad():
             r.impl_result = vmap(lambda *a: spec.impl(*a, **kwargs), in_dims=in_dims,
                                  out_dims=dim)(*r.impl_args)
-    except Exception as e:
+    except BaseException as e:
+        if not user_error(e):
+            raise
         e = normalise_error(e)
         text = str(e)
         if any(w in text for w in _VMAP_UNSUPPORTED):
@@ -291,19 +297,48 @@ def _run_jvp(r: JvpRun, rebuild: Any, primals: tuple[torch.Tensor, ...],
         return tuple(x for x in out if _float(x))
 
     try:
-        r.ref_out, r.ref_tan = jvp(ref_side, primals, tangents)
-    except Exception as e:
+        with isolated():
+            r.ref_out, r.ref_tan = jvp(ref_side, primals, tangents)
+    except BaseException as e:
+        if not user_error(e):
+            raise
         raise Unsupported(f"unsupported: the reference has no forward-mode derivative "
                           f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    recorder = _CustomOps()
     try:
-        r.impl_out, r.impl_tan = jvp(impl_side, primals, tangents)
-    except Exception as e:
+        with isolated(), recorder:
+            r.impl_out, r.impl_tan = jvp(impl_side, primals, tangents)
+    except BaseException as e:
+        if not user_error(e):
+            raise
         e = normalise_error(e)
         text = f"{type(e).__name__}: {e}"
         if any(w in text for w in _JVP_UNSUPPORTED):
             raise Unsupported(f"unsupported: the implementation has no forward-mode "
                               f"derivative ({text.splitlines()[0][:200]})") from None
         r.impl_exc, r.valid = e, False
+        return
+    if recorder.ops:
+        raise Unsupported(
+            f"unsupported: the implementation calls custom op(s) {', '.join(recorder.ops)}, "
+            "which have no forward-mode derivative (torch.library registers backward formulas "
+            "only; jvp drops the tangent through them)")
+
+
+class _CustomOps(TorchFunctionMode):
+    """The names of the custom (non-aten) ops called inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        overload_t, packet_t = op_types()
+        if isinstance(func, (overload_t, packet_t)) and func.namespace not in (
+                "aten", "prim", "prims") and func.name() not in self.ops:
+            self.ops.append(str(func.name()))
+        return func(*args, **(kwargs or {}))
 
 
 def _float(x: Any) -> bool:
