@@ -8,6 +8,7 @@ example.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -94,7 +95,9 @@ def t(shape, salt=0):
     return tensors(shape=shape, dtype=torch.float32, requires_grad=True, salt=salt)
 
 
+@functools.cache
 def cases():
+    """(label, decorated implementation) pairs, built once per process (spec names are unique)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
     import seed_attention  # noqa: E402
 
