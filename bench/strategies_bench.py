@@ -1,11 +1,12 @@
 """Benchmark of equiv.strategies: generation cost per example, and torch.compile recompilations
 over 100 examples with compile-friendly shapes versus the default ones.
 
-Run: python bench/strategies_bench.py
+Run: python bench/strategies_bench.py [--examples 100]
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import time
 
@@ -115,5 +116,11 @@ def bench(examples: int = N) -> None:
     compile_counts(examples)
 
 
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--examples", type=int, default=N)
+    bench(p.parse_args(argv).examples)
+
+
 if __name__ == "__main__":
-    bench()
+    main()
