@@ -4,7 +4,7 @@ arguments, beside the function's own cost and finite-difference gradcheck.
 equiv's gradient check is one vector-Jacobian product per cotangent, so its time should track
 the function's own time; gradcheck's slow mode builds the Jacobian column by column.
 
-    python bench/growth.py [--max-numel 10000000]
+    python bench/growth.py [--max-numel 10000000] [--examples 3] [--rounds 5]
 """
 
 from __future__ import annotations
