@@ -30,37 +30,44 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run each spec with compile-friendly inputs (one rank, one dtype, "
                         "sides >= 2), the shape discipline that keeps compilations <= 3")
     args = p.parse_args(argv)
+    return bench(args.targets, examples=args.examples, modes=args.modes, inductor=args.inductor,
+                 device=args.device, seed=args.seed, friendly=args.friendly)
 
+
+def bench(targets=(str(ROOT / "examples"),), *, examples: int = 100,
+          modes: str = "eager,compile[eager],compile[aot_eager]", inductor: bool = False,
+          device: str = "cpu", seed: int = 0, friendly: bool = False) -> int:
+    """Print the (spec, mode) table and totals; 0 when every goal is met, else 1."""
     import hypothesis
 
     import equiv
     from equiv._loader import load_target
 
-    modes = [m.strip(",") for m in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", args.modes)
-             if m.strip(",")]
-    if args.inductor:
-        modes.append("compile[inductor]")
+    mode_list = [m.strip(",") for m in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", modes)
+                 if m.strip(",")]
+    if inductor:
+        mode_list.append("compile[inductor]")
     names: list[str] = []
-    for t in args.targets:
+    for t in targets:
         names += [s.name for s in load_target(t)]
     specs = equiv.registry()
-    cfg = equiv.settings(max_examples=args.examples, seed=args.seed,
+    cfg = equiv.settings(max_examples=examples, seed=seed,
                          hypothesis_settings=hypothesis.settings(database=None))
-    print(f"torch {__import__('torch').__version__}; {args.examples} examples per (spec, mode); "
-          f"device {args.device}")
+    print(f"torch {__import__('torch').__version__}; {examples} examples per (spec, mode); "
+          f"device {device}")
     print(f"{'spec':<52} {'mode':<22} {'status':<13} {'examples':>8} {'compiles':>8} "
           f"{'breaks':>6} {'wall s':>7}")
     runs = [(n, specs[n]) for n in names]
-    if args.friendly:
+    if friendly:
         runs += [(n + " (friendly)", _friendly(specs[n])) for n in names
                  if _friendly(specs[n]) is not None]
     totals: dict[str, float] = {}
     worst_compiles, fallbacks, failures = 0, 0, 0
     for n, spec in runs:
-        for mode in modes:
+        for mode in mode_list:
             t0 = time.perf_counter()
             report = equiv.check(spec, settings=cfg, modes=(mode,),
-                                 devices=(args.device,), raise_on_failure=False)
+                                 devices=(device,), raise_on_failure=False)
             wall = time.perf_counter() - t0
             key = mode + (" (friendly)" if n.endswith("(friendly)") else "")
             totals[key] = totals.get(key, 0.0) + wall

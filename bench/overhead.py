@@ -1,21 +1,36 @@
 """Overhead of equiv's check(): its wall time ÷ just executing impl and ref (forward + 2
-backwards each) on the same number of examples, for small and medium tensors.
+backwards each) on the same number of examples, drawn from the same input strategy.
 
-    python bench/overhead.py [--examples N] [--sizes 1000,1000000]
+Each round times the raw execution and check() back to back (the order alternates between
+rounds, so load on a shared machine hits both alike); the table shows the medians over the
+rounds and the median of the per-round ratios.
+
+    python bench/overhead.py [--examples N] [--sizes 1000,1000000] [--rounds 5] [--device cpu]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import statistics
+import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 import hypothesis
 import hypothesis.strategies as st
 import torch
 
-import equiv
-from equiv import equivalent_to
-from equiv.strategies import tensors
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import equiv  # noqa: E402
+from equiv import equivalent_to  # noqa: E402
+from equiv.strategies import tensors  # noqa: E402
+from functions import ScaledTanh, scaled_tanh_ref  # noqa: E402
+
+_NAMES = itertools.count()
 
 
 def relu_ref(x):
@@ -34,9 +49,22 @@ def rms_fused(x, w):
     return torch.rms_norm(x, (x.shape[-1],), w, 1e-6)
 
 
+@dataclass(frozen=True)
+class Case:
+    """One benchmarked implementation: ``impl`` is what the spec decorates, ``call`` runs it."""
+
+    label: str
+    impl: Any
+    call: Callable[..., torch.Tensor]
+    ref: Callable[..., torch.Tensor]
+    mutates: dict | None
+    arity: int
+
+
 CASES = [
-    ("relu_ (in place)", relu_, relu_ref, {"x": "out"}, 1),
-    ("rms_norm", rms_fused, rms_ref, None, 2),
+    Case("relu_ (in place)", relu_, relu_, relu_ref, {"x": "out"}, 1),
+    Case("rms_norm", rms_fused, rms_fused, rms_ref, None, 2),
+    Case("custom Function (scaled tanh)", ScaledTanh, ScaledTanh.apply, scaled_tanh_ref, None, 1),
 ]
 
 
@@ -45,55 +73,109 @@ def _shape(numel: int) -> tuple[int, int]:
     return (max(numel // cols, 1), cols)
 
 
-def raw_time(impl, ref, mutated: bool, arity: int, shape, n: int) -> float:
-    """impl and ref forward + 2 backwards each (retain_graph), on n fresh examples."""
-    g = torch.Generator().manual_seed(0)
-    examples = [[torch.randn(shape if i == 0 else shape[-1:], generator=g)
-                 for i in range(arity)] for _ in range(n)]
+def _inputs(arity: int, shape) -> st.SearchStrategy:
+    return st.tuples(*[tensors(shape=shape if i == 0 else shape[-1:], dtype=torch.float32,
+                               requires_grad=True, salt=i) for i in range(arity)])
+
+
+def draw_examples(strategy: st.SearchStrategy, n: int) -> list[tuple[torch.Tensor, ...]]:
+    """``n`` examples drawn from ``strategy`` (the one check() draws from), detached copies."""
+    drawn: list = []
+
+    @hypothesis.settings(max_examples=n, database=None, deadline=None, derandomize=True,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(strategy)
+    def collect(ex):
+        if len(drawn) < n:
+            drawn.append(tuple(t.detach().clone() for t in ex))
+
+    collect()
+    while len(drawn) < n:  # a strategy with fewer distinct examples: repeat them
+        drawn.append(drawn[len(drawn) % max(len(drawn), 1)])
+    return drawn
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def raw_time(case: Case, examples, device: str = "cpu") -> float:
+    """impl and ref forward + 2 backwards each (retain_graph) on every example."""
+    _sync(device)
     start = time.perf_counter()
     for ex in examples:
-        for fn in (impl, ref):
+        for fn in (case.call, case.ref):
             leaves = [t.clone().requires_grad_() for t in ex]
-            args = [leaves[0].clone() if (mutated and fn is impl) else leaves[0], *leaves[1:]]
-            out = fn(*args)
+            first = leaves[0].clone() if (case.mutates and fn is case.call) else leaves[0]
+            out = fn(first, *leaves[1:])
             cot = torch.randn_like(out)
             torch.autograd.grad(out, leaves, cot, retain_graph=True)
             torch.autograd.grad(out, leaves, cot)
+    _sync(device)
     return time.perf_counter() - start
 
 
-def check_time(impl, ref, mutates, arity: int, shape, n: int) -> tuple[float, int]:
-    inputs = st.tuples(*[tensors(shape=shape if i == 0 else shape[-1:], dtype=torch.float32,
-                                 requires_grad=True, salt=i) for i in range(arity)])
-    fn = equivalent_to(ref, mutates=mutates, inputs=inputs, name=f"bench.{impl.__name__}")(impl)
-    cfg = equiv.settings(max_examples=n, seed=0,
+def check_time(fn, n: int, device: str = "cpu") -> tuple[float, int]:
+    """Wall time of check() on ``n`` examples and the examples it ran."""
+    cfg = equiv.settings(max_examples=n, seed=0, modes=("eager",), devices=(device,),
                          hypothesis_settings=hypothesis.settings(database=None))
+    _sync(device)
     start = time.perf_counter()
     report = equiv.check(fn, settings=cfg)
+    _sync(device)
     return time.perf_counter() - start, report.examples_run
+
+
+def measure(case: Case, shape, n: int, rounds: int, device: str = "cpu") -> dict:
+    """Interleaved rounds of raw and check() on ``case``: medians and the median ratio."""
+    strategy = _inputs(case.arity, shape)
+    fn = equivalent_to(case.ref, mutates=case.mutates, inputs=strategy,
+                       name=f"bench.overhead.{next(_NAMES)}")(case.impl)
+    _, ran = check_time(fn, n, device)  # warm-up, and how many examples check() runs
+    examples = [tuple(t.to(device) for t in ex) for ex in draw_examples(strategy, max(ran, 1))]
+    raw_time(case, examples[:1], device)  # warm-up
+    raws, checks = [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            raws.append(raw_time(case, examples, device))
+            checks.append(check_time(fn, n, device)[0])
+        else:
+            checks.append(check_time(fn, n, device)[0])
+            raws.append(raw_time(case, examples, device))
+    return {"examples": ran, "check": statistics.median(checks), "raw": statistics.median(raws),
+            "ratio": statistics.median(c / r for c, r in zip(checks, raws))}
+
+
+def bench(examples: int = 20, sizes: tuple[int, ...] = (1000, 1_000_000), rounds: int = 5,
+          device: str = "cpu") -> str:
+    """The overhead table (markdown) for every case at every size."""
+    rows = [f"{rounds} interleaved rounds per row, device {device}, eager, default checks; "
+            f"ratio = median over rounds of check() / raw", "",
+            "| case | elements | examples | check() s | raw s | overhead ratio |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for numel in sizes:
+        shape = _shape(numel)
+        n = examples if numel < 100_000 else max(examples // 4, 3)
+        for case in CASES:
+            m = measure(case, shape, n, rounds, device)
+            rows.append(f"| {case.label} | {shape[0] * shape[1]:,} | {m['examples']} | "
+                        f"{m['check']:.3f} | {m['raw']:.3f} | {m['ratio']:.1f}x |")
+    table = "\n".join(rows)
+    print(table)
+    return table
 
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--examples", type=int, default=20)
     p.add_argument("--sizes", default="1000,1000000")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = p.parse_args(argv)
-    check_time(relu_, relu_ref, {"x": "out"}, 1, (4, 4), 3)  # warm-up: imports, first calls
-    rows = ["| case | elements | examples | check() s | raw s | overhead ratio |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for numel in [int(s) for s in args.sizes.split(",")]:
-        shape = _shape(numel)
-        for label, impl, ref, mutates, arity in CASES:
-            n_examples = args.examples if numel < 100_000 else max(args.examples // 4, 3)
-            t_check, ran = check_time(impl, ref, mutates, arity, shape, n_examples)
-            t_raw = raw_time(impl, ref, bool(mutates), arity, shape, ran)
-            rows.append(f"| {label} | {shape[0] * shape[1]:,} | {ran} | {t_check:.3f} | "
-                        f"{t_raw:.3f} | {t_check / t_raw:.1f}x |")
-    table = "\n".join(rows)
-    print(table)
-    return table
+    return bench(args.examples, tuple(int(s) for s in args.sizes.split(",")), args.rounds,
+                 args.device)
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
     main()

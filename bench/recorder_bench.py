@@ -53,25 +53,29 @@ def _once(x: torch.Tensor, w: torch.Tensor, record: bool) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=30)
-    args = parser.parse_args()
+def bench(repeats: int = 30) -> None:
+    """Print the with/without recorder times, best of ``repeats`` interleaved runs."""
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"best of {args.repeats} interleaved runs")
+          f"best of {repeats} interleaved runs")
     for label, n in (("small", 8), ("medium", 256), ("large", 768)):
         x = torch.randn(n, n, requires_grad=True)
         w = torch.randn(n, n, requires_grad=True)
         for record in (False, True):  # warm up
             _once(x, w, record)
         times: dict[bool, list[float]] = {False: [], True: []}
-        for _ in range(args.repeats):  # interleaved, so machine load hits both alike
+        for _ in range(repeats):  # interleaved, so machine load hits both alike
             for record in (False, True):
                 times[record].append(_once(x, w, record))
         plain, recorded = min(times[False]), min(times[True])  # best of N: robust to load
         print(f"{label:>6} {n}x{n}: without {plain * 1e3:8.3f} ms   with recorder "
               f"{recorded * 1e3:8.3f} ms   ratio {recorded / plain:6.2f}x")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=30)
+    bench(parser.parse_args(argv).repeats)
 
 
 if __name__ == "__main__":

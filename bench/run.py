@@ -1,8 +1,12 @@
 """Run every benchmark and regenerate bench/RESULTS.md (machine info and torch version included).
 
-    python bench/run.py            # full sizes
-    python bench/run.py --smoke    # tiny sizes: keeps the scripts from rotting (run in the tests)
+    python bench/run.py                 # full sizes (minutes)
+    python bench/run.py --suite         # ... and the test suite's wall time
+    python bench/run.py --quick --out /tmp/x.md   # tiny sizes (the tests run it; alias --smoke)
     python bench/run.py --device cuda   # the GPU figures, on a machine with a GPU
+
+Each benchmark module exposes ``bench(**parameters)``; only its ``main``/``__main__`` reads a
+command line.
 """
 
 from __future__ import annotations
@@ -33,32 +37,41 @@ def _machine() -> str:
             f"- GPU: {cuda}")
 
 
-def sections(smoke: bool, device: str) -> list[tuple[str, str, list[str]]]:
-    """(title, module, argv) for each benchmark; optional modules are skipped when absent."""
-    if smoke:
+def sections(quick: bool, device: str, suite: bool = False) -> list[tuple[str, str, dict]]:
+    """(title, module, keyword arguments of its ``bench``) for each benchmark; a module that is
+    absent is reported as such."""
+    if quick:
         return [
-            ("Overhead", "overhead", ["--examples", "3", "--sizes", "100"]),
-            ("Growth", "growth", ["--max-numel", "1000"]),
-            ("Versus gradcheck and opcheck", "versus", []),
-            ("Time to first failure", "first_failure", ["--seeds", "1"]),
+            ("Overhead", "overhead", {"examples": 3, "sizes": (100,), "rounds": 1,
+                                      "device": device}),
+            ("Growth", "growth", {"max_numel": 100, "examples": 2, "rounds": 1, "max_args": 2}),
+            ("Versus gradcheck and opcheck", "versus", {"bugs": 2}),
+            ("Time to first failure", "first_failure", {"seeds": 1, "bugs": 2}),
+            ("Strategies", "strategies_bench", {"examples": 2}),
+            ("Recorder overhead", "recorder_bench", {"repeats": 1}),
+            ("Function checks", "functions", {"examples": 2, "repeats": 1}),
+            ("Modes", "modes_bench", {"targets": [str(HERE.parent / "examples" /
+                                                      "x_squared_lab.py")],
+                                      "examples": 2, "modes": "eager", "device": device}),
+            ("Wall time", "walltime", {"runs": 1, "quick": True, "suite": suite}),
         ]
-    extra = ["--device", device] if device != "cpu" else []
     return [
-        ("Overhead: check() / raw execution (eager)", "overhead", []),
-        ("Growth", "growth", []),
-        ("Versus gradcheck and opcheck", "versus", []),
-        ("Time to first failure (default profile)", "first_failure", []),
-        ("Strategies: generation cost and compile counts", "strategies_bench", []),
-        ("Recorder overhead", "recorder_bench", []),
-        ("Function checks: extra cost", "functions", []),
-        ("Modes: compilations and wall time", "modes_bench", extra),
+        ("Overhead: check() / raw execution (eager)", "overhead", {"device": device}),
+        ("Growth", "growth", {}),
+        ("Versus gradcheck and opcheck", "versus", {}),
+        ("Time to first failure (default profile)", "first_failure", {}),
+        ("Strategies: generation cost and compile counts", "strategies_bench", {}),
+        ("Recorder overhead", "recorder_bench", {}),
+        ("Function checks: extra cost", "functions", {}),
+        ("Modes: compilations and wall time", "modes_bench", {"device": device}),
+        ("Wall time", "walltime", {"runs": 3, "suite": suite}),
     ]
 
 
-def _run_module(module: str, argv: list[str]) -> str:
-    """Run one benchmark module; its returned markdown, or what it printed as a text block."""
+def _run_module(module: str, kwargs: dict) -> str:
+    """Run one benchmark's ``bench(**kwargs)``; its returned markdown, or what it printed as a
+    text block."""
     import contextlib
-    import inspect
     import io
     import logging
 
@@ -66,13 +79,7 @@ def _run_module(module: str, argv: list[str]) -> str:
     mod = importlib.import_module(module)
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        if hasattr(mod, "main"):
-            takes_argv = bool(inspect.signature(mod.main).parameters)
-            result = mod.main(argv) if takes_argv else mod.main()
-        else:  # a script with phases (strategies_bench)
-            result = None
-            for phase in ("generation", "compile_counts"):
-                getattr(mod, phase)()
+        result = mod.bench(**kwargs)
     printed = buf.getvalue()
     sys.stdout.write(printed)
     if isinstance(result, str) and result.strip():
@@ -82,13 +89,21 @@ def _run_module(module: str, argv: list[str]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--quick", "--smoke", dest="quick", action="store_true",
+                   help="tiny sizes (well under a minute): keeps the scripts from rotting")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--suite", action="store_true",
+                   help="also time the test suite in the wall-time section (minutes)")
+    p.add_argument("--only", default=None, metavar="M1,M2",
+                   help="run only these modules, e.g. overhead,walltime")
     p.add_argument("--out", default=None, help="where to write the markdown (default: "
-                   "bench/RESULTS.md; --smoke writes nothing unless given)")
+                   "bench/RESULTS.md; --quick writes nothing unless given)")
     args = p.parse_args(argv)
     parts = ["# equiv benchmark results", "", _machine(), ""]
-    for title, module, margs in sections(args.smoke, args.device):
+    only = set(args.only.split(",")) if args.only else None
+    for title, module, margs in sections(args.quick, args.device, args.suite):
+        if only is not None and module not in only:
+            continue
         if not (HERE / f"{module}.py").exists():
             parts += [f"## {title}", "", f"(`bench/{module}.py` not present)", ""]
             continue
@@ -97,7 +112,7 @@ def main(argv=None) -> int:
         parts += [f"## {title}", "", table, "",
                   f"_{module}: {time.perf_counter() - start:.1f} s_", ""]
     text = "\n".join(parts)
-    out = args.out or (None if args.smoke else str(HERE / "RESULTS.md"))
+    out = args.out or (None if args.quick else str(HERE / "RESULTS.md"))
     if out:
         Path(out).write_text(text)
         print(f"wrote {out}")

@@ -1,11 +1,12 @@
 """Benchmark of equiv.strategies: generation cost per example, and torch.compile recompilations
 over 100 examples with compile-friendly shapes versus the default ones.
 
-Run: python bench/strategies_bench.py
+Run: python bench/strategies_bench.py [--examples 100]
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import time
 
@@ -20,15 +21,18 @@ import equiv.strategies as es
 from equiv.variants import DEFAULT_VARIANTS, with_variants
 
 N = 100
-SETTINGS = hypothesis.settings(max_examples=N, database=None, deadline=None, derandomize=True,
+
+
+def _settings(n: int) -> hypothesis.settings:
+    return hypothesis.settings(max_examples=n, database=None, deadline=None, derandomize=True,
                                suppress_health_check=list(hypothesis.HealthCheck))
 
 
-def per_example_ms(strategy: st.SearchStrategy) -> float:
+def per_example_ms(strategy: st.SearchStrategy, n: int = N) -> float:
     """Mean wall time per example of drawing from ``strategy`` (test body does nothing)."""
     calls = [0]
 
-    @SETTINGS
+    @_settings(n)
     @given(strategy)
     def run(_):
         calls[0] += 1
@@ -38,7 +42,7 @@ def per_example_ms(strategy: st.SearchStrategy) -> float:
     return (time.perf_counter() - t) * 1000 / max(calls[0], 1)
 
 
-def generation() -> None:
+def generation(n: int = N) -> None:
     def f(x, y):
         pass
 
@@ -56,12 +60,12 @@ def generation() -> None:
         "arguments_for + runner variants": with_variants(es.arguments_for(sig), sig, (),
                                                          DEFAULT_VARIANTS),
     }
-    print(f"Generation cost per example ({N} examples each, derandomized):")
+    print(f"Generation cost per example ({n} examples each, derandomized):")
     for name, strategy in cases.items():
-        print(f"  {name:42s} {per_example_ms(strategy):7.2f} ms")
+        print(f"  {name:42s} {per_example_ms(strategy, n):7.2f} ms")
 
 
-def compile_counts() -> None:
+def compile_counts(n: int = N) -> None:
     from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
     def fn(x, y):
@@ -74,7 +78,7 @@ def compile_counts() -> None:
                    else CompileCounterWithBackend(backend_name))
         compiled = torch.compile(fn, backend=counter)
 
-        @SETTINGS
+        @_settings(n)
         @given(shape_strategy.flatmap(lambda s: st.tuples(
             es.tensors(shape=s, dtype=dtype, requires_grad=backend_name == "aot_eager",
                        layout=layout),
@@ -87,7 +91,7 @@ def compile_counts() -> None:
         run()
         return counter.frame_count
 
-    print(f"\ntorch.compile frames compiled over {N} examples of fn(x, y) = (x*y).sin() + x "
+    print(f"\ntorch.compile frames compiled over {n} examples of fn(x, y) = (x*y).sin() + x "
           f"(torch {torch.__version__}; recompile_limit "
           f"{torch._dynamo.config.recompile_limit}):")
     cases = {
@@ -105,7 +109,18 @@ def compile_counts() -> None:
               f"{count(backend, friendly, torch.float32, es.layouts()):3d}")
 
 
-if __name__ == "__main__":
+def bench(examples: int = N) -> None:
+    """Print both tables, ``examples`` examples per row."""
     logging.getLogger("torch._dynamo").setLevel(logging.ERROR)  # the recompile-limit warning
-    generation()
-    compile_counts()
+    generation(examples)
+    compile_counts(examples)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--examples", type=int, default=N)
+    bench(p.parse_args(argv).examples)
+
+
+if __name__ == "__main__":
+    main()

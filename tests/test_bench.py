@@ -2,19 +2,128 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+from hypothesis import strategies as st
+
+import equiv
+from equiv import equivalent_to
+from equiv.strategies import tensors
+
+from tests.conftest import FAST
+
 ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+MODULES = ("overhead", "growth", "versus", "first_failure", "strategies_bench", "recorder_bench",
+           "functions", "modes_bench", "walltime")
 
 
-def test_bench_smoke(tmp_path):
-    out = tmp_path / "results.md"
-    proc = subprocess.run([sys.executable, "bench/run.py", "--smoke", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+@pytest.fixture(scope="module")
+def bench_path():
+    sys.path.insert(0, str(BENCH))
+    yield
+    sys.path.remove(str(BENCH))
+
+
+def _run(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "bench/run.py", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_run_quick_out_writes_the_file(tmp_path):
+    # --out on the command line used to reach a sub-bench's own argv parser and crash it
+    out = tmp_path / "results.md"
+    _run("--quick", "--only", "overhead,growth,versus,first_failure", "--out", str(out))
     text = out.read_text()
     for title in ("## Overhead", "## Growth", "## Versus gradcheck", "## Time to first failure"):
         assert title in text
+    assert "## Wall time" not in text  # --only left it out
     assert "| wrong backward formula | caught" in text
+    for case in ("relu_ (in place)", "rms_norm", "custom Function (scaled tanh)"):
+        assert f"| {case} | 100 | 3 |" in text
+    assert "1 interleaved rounds" in text
+
+
+@pytest.mark.slow
+def test_run_quick_every_section(tmp_path):
+    out = tmp_path / "results.md"
+    _run("--quick", "--out", str(out))
+    text = out.read_text()
+    for title in ("## Strategies", "## Recorder overhead", "## Function checks", "## Modes",
+                  "## Wall time"):
+        assert title in text
+    assert "| `python -m equiv check examples/x_squared_lab.py" in text
+    assert "(test suite not timed: pass `--suite`)" in text
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_modules_read_argv_only_in_main(module, bench_path, monkeypatch, capsys):
+    # bench() takes its parameters as arguments; main(argv) parses the argv it is given,
+    # never sys.argv (which holds run.py's own options)
+    monkeypatch.setattr(sys, "argv", ["bench/run.py", "--out", "/nonexistent/x.md"])
+    mod = importlib.import_module(module)
+    assert callable(mod.bench)
+    with pytest.raises(SystemExit) as exc:
+        mod.main(["--help"])
+    assert exc.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_walltime_times_a_subprocess_and_reports_a_crash(bench_path):
+    walltime = importlib.import_module("walltime")
+    median, best, rc = walltime.timed(("-c", "pass"), 2)
+    assert 0 < best <= median and rc == 0
+    assert walltime.timed(("-c", "raise SystemExit(1)"), 1)[2] == 1  # a finding is reported
+    with pytest.raises(RuntimeError, match="exited 3"):
+        walltime.timed(("-c", "raise SystemExit(3)"), 1)
+
+
+def test_overhead_cases_raw_matches_the_reference(bench_path):
+    overhead = importlib.import_module("overhead")
+    strategy = overhead._inputs(2, (3, 4))
+    examples = overhead.draw_examples(strategy, 4)
+    assert len(examples) == 4 and all(ex[0].shape == (3, 4) and ex[1].shape == (4,)
+                                      for ex in examples)
+    assert not any(t.requires_grad for ex in examples for t in ex)
+    for case in overhead.CASES:
+        ex = examples[0][:case.arity]
+        before = [t.clone() for t in ex]
+        torch.testing.assert_close(case.call(*[t.clone() for t in ex]), case.ref(*ex))
+        assert overhead.raw_time(case, [ex]) > 0
+        assert all(torch.equal(a, b) for a, b in zip(ex, before))  # raw never mutates examples
+
+
+class _ScaledTanhWrongBackward(torch.autograd.Function):
+    """The benchmark's Function with the derivative of tanh, not of 2 * tanh."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = 2.0 * torch.tanh(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * (1.0 - 0.25 * y * y)
+
+
+def test_benchmarked_function_is_correct_and_its_bug_is_caught(bench_path):
+    functions = importlib.import_module("functions")
+    inputs = st.tuples(tensors(shape=(3, 4), dtype=torch.float32, requires_grad=True))
+    right = equivalent_to(functions.scaled_tanh_ref, inputs=inputs,
+                          name="test_bench.scaled_tanh")(functions.ScaledTanh)
+    assert equiv.check(right, settings=FAST).ok
+    wrong = equivalent_to(functions.scaled_tanh_ref, inputs=inputs,
+                          name="test_bench.scaled_tanh_wrong")(_ScaledTanhWrongBackward)
+    with pytest.raises(equiv.GradientMismatch) as exc:
+        equiv.check(wrong, settings=FAST)
+    found = [f for f in exc.value.report.findings if f.check == "gradients"]
+    assert found and "gradient w.r.t. 'x' differs from the reference" in found[0].headline
