@@ -41,6 +41,7 @@ def sections(smoke: bool, device: str) -> list[tuple[str, str, list[str]]]:
             ("Growth", "growth", ["--max-numel", "1000"]),
             ("Versus gradcheck and opcheck", "versus", []),
             ("Time to first failure", "first_failure", ["--seeds", "1"]),
+            ("Compilations", "compile_counts", ["--examples", "3", "examples/rms_norm.py"]),
         ]
     extra = ["--device", device] if device != "cpu" else []
     return [
@@ -52,6 +53,7 @@ def sections(smoke: bool, device: str) -> list[tuple[str, str, list[str]]]:
         ("Recorder overhead", "recorder_bench", []),
         ("Function checks: extra cost", "functions", []),
         ("Modes: compilations and wall time", "modes_bench", extra),
+        ("Compilations", "compile_counts", []),
     ]
 
 

@@ -15,6 +15,7 @@ def test_bench_smoke(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = out.read_text()
-    for title in ("## Overhead", "## Growth", "## Versus gradcheck", "## Time to first failure"):
+    for title in ("## Overhead", "## Growth", "## Versus gradcheck", "## Time to first failure",
+                  "## Compilations"):
         assert title in text
     assert "| wrong backward formula | caught" in text
