@@ -54,6 +54,7 @@ def sections(quick: bool, device: str, suite: bool = False) -> list[tuple[str, s
                                                       "x_squared_lab.py")],
                                       "examples": 2, "modes": "eager", "device": device}),
             ("Wall time", "walltime", {"runs": 1, "quick": True, "suite": suite}),
+            ("Compilations", "compile_counts", {"examples": 3, "targets": ["examples/rms_norm.py"]}),
         ]
     return [
         ("Overhead: check() / raw execution (eager)", "overhead", {"device": device}),
@@ -65,6 +66,7 @@ def sections(quick: bool, device: str, suite: bool = False) -> list[tuple[str, s
         ("Function checks: extra cost", "functions", {}),
         ("Modes: compilations and wall time", "modes_bench", {"device": device}),
         ("Wall time", "walltime", {"runs": 3, "suite": suite}),
+        ("Compilations", "compile_counts", {}),
     ]
 
 

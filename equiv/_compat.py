@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode  # private path, stable since 1.13
 
@@ -69,6 +70,18 @@ def lookup_backend(name: str) -> Any:
             f"compile[{name}]: {name!r} is not a torch.compile backend; available here: "
             f"{sorted(d.list_backends())} (or pass a callable: equiv.compiled(my_backend))."
         ) from None
+
+
+def mark_sides_dynamic(values: Any) -> None:
+    """``maybe_mark_dynamic`` every side >= 2 of the tensors in ``values`` (a pytree): the first
+    compilation is then the dynamic-shape graph automatic dynamic shapes compile on the second
+    shape (sides 0 and 1 stay specialised; a side the program specialises raises nothing)."""
+    d = dynamo()
+    for t in pytree.tree_leaves(values):
+        if isinstance(t, torch.Tensor):
+            for dim, side in enumerate(t.shape):
+                if side >= 2:
+                    d.maybe_mark_dynamic(t, dim)
 
 
 def graph_break_counter() -> dict[str, int]:

@@ -279,6 +279,8 @@ class ModeRun:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             before = _compat.graph_break_counter()
+            if self.mode.dynamic is None:  # shapes: one dynamic graph, not static then dynamic
+                _compat.mark_sides_dynamic((args, kwargs))
             try:
                 return compiled_fn(*args, **kwargs)
             except limit_errors as e:

@@ -34,6 +34,7 @@ from equiv import spec as _spec
 from equiv.errors import InvalidArgument
 from equiv._args import Args, as_args
 from equiv.strategies import arguments_for, shapes, tensors
+from equiv.strategies._compile import compiling
 
 __all__ = ["is_module_side", "example_code"]
 
@@ -298,7 +299,11 @@ def _fit(hint: Any, shared: tuple[int, ...], draw: Any) -> tuple[int, ...]:
     hint = tuple(hint)
     lead: tuple[int, ...] = ()
     if hint and hint[0] is Ellipsis:
-        lead, hint = tuple(draw(shapes(min_dims=0, max_dims=2, min_side=1, max_side=3))), hint[1:]
+        # compile modes: one leading dim (each rank recompiles); eager: 0-2 of them, sides 1-3
+        lead_dims = (1, 1, 2) if compiling() else (0, 2, 1)
+        lead = tuple(draw(shapes(min_dims=lead_dims[0], max_dims=lead_dims[1],
+                                 min_side=lead_dims[2], max_side=3)))
+        hint = hint[1:]
     out = [draw(st.integers(1, 4)) if d is None else d for d in hint]
     if not all(isinstance(d, int) and d >= 0 for d in out):
         raise InvalidArgument(

@@ -29,6 +29,7 @@ from equiv.pipeline import Outcome, execute_example, narrowed
 from equiv.report import Finding, ModeResult, Report
 from equiv.spec import Spec, get_spec
 from equiv.strategies import arguments_for, shapes
+from equiv.strategies._compile import compile_draws, prefer_sides_of_two
 from equiv.variants import (
     CONTIGUOUS,
     NO_VARIANT,
@@ -251,8 +252,8 @@ def _inputs(spec: Spec, cfg: Settings, mode: Mode) -> Any:
     """The example strategy of one mode: the spec's, or derived from the signature in
     ``settings.dtypes`` (compile modes: one dtype and compile-friendly shapes, so recompilations
     stay bounded; eager explores the edge-case shapes)."""
-    if not spec.derived_inputs:
-        return spec.inputs
+    if not spec.derived_inputs:  # compile modes: avoid sides of 0/1, which Dynamo specialises
+        return prefer_sides_of_two(spec.inputs) if mode.kind == "compile" else spec.inputs
     dtypes = [getattr(torch, d) for d in cfg.dtypes]
     if mode.kind == "compile":
         return arguments_for(spec.signature, dtypes_=dtypes[:1],
@@ -376,7 +377,7 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
         driver.notes.append("functionalize: gradients are not compared in this mode "
                             "(functionalize does not compose with autograd on mutated inputs)")
     wrapped = _hypothesis_test(spec, cfg, mode, device, run_seed, driver)
-    with state.context():
+    with state.context(), compile_draws(mode.kind == "compile"):
         found, findings = _drive(spec, mode, device, wrapped, driver.last_invalid)
         # distinct bugs in catalog order (Hypothesis reports them in no fixed order)
         found.sort(key=lambda e: CHECK_NAMES.index(e.findings[0].check)

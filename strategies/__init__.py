@@ -20,6 +20,7 @@ from equiv._args import Args
 
 from . import _derived
 from ._aliasing import ALIAS_PATTERNS, aliased_arguments
+from ._compile import scalars
 from ._derived import TILE_LENGTHS, tile_lengths
 from ._layouts import LAYOUT_KINDS, Layout, layouts
 from ._tensors import (
@@ -38,14 +39,14 @@ from ._tensors import (
 
 __all__ = [
     "ALIAS_PATTERNS", "LAYOUT_KINDS", "SPECIAL_VALUES", "TILE_LENGTHS", "Layout",
-    "aliased_arguments", "arguments_for", "devices", "dtypes", "layouts", "shapes", "tensors",
-    "tile_lengths",
+    "aliased_arguments", "arguments_for", "devices", "dtypes", "layouts", "scalars", "shapes",
+    "tensors", "tile_lengths",
 ]
 
 _TENSOR_ANNOTATIONS = {inspect.Parameter.empty, torch.Tensor, "Tensor", "torch.Tensor"}
-_SCALARS = {
-    float: st.floats(-2.0, 2.0, allow_nan=False, allow_infinity=False),
-    "float": None, int: st.integers(-3, 3), "int": None, bool: st.booleans(), "bool": None,
+_SCALARS = {  # scalars(): full range in eager modes, a small fixed set in compile modes
+    float: scalars(float), "float": None, int: scalars(int), "int": None, bool: st.booleans(),
+    "bool": None,
 }
 
 
@@ -60,7 +61,8 @@ def arguments_for(signature: inspect.Signature, *,
     """Argument tuples for a signature: every required tensor parameter gets a tensor of one
     shared drawn shape (``shapes()``: 0-d to 3-D, sides 0-4) and dtype (from ``dtypes_``:
     float32, float64; complex when listed), requiring grad; annotated ``float``/``int``/``bool``
-    parameters get small scalars; parameters with defaults keep them. Raises ``ValueError``
+    parameters get small scalars (``scalars()``: from a small fixed set in compile modes);
+    parameters with defaults keep them. Raises ``ValueError``
     naming the parameter when a required parameter cannot be derived.
 
     With ``hard_cases`` (the default), some examples reach the cases kernels break on (each a

@@ -40,9 +40,11 @@ def _run(*args: str) -> str:
 def test_run_quick_out_writes_the_file(tmp_path):
     # --out on the command line used to reach a sub-bench's own argv parser and crash it
     out = tmp_path / "results.md"
-    _run("--quick", "--only", "overhead,growth,versus,first_failure", "--out", str(out))
+    _run("--quick", "--only", "overhead,growth,versus,first_failure,compile_counts", "--out",
+         str(out))
     text = out.read_text()
-    for title in ("## Overhead", "## Growth", "## Versus gradcheck", "## Time to first failure"):
+    for title in ("## Overhead", "## Growth", "## Versus gradcheck", "## Time to first failure",
+                  "## Compilations"):
         assert title in text
     assert "## Wall time" not in text  # --only left it out
     assert "| wrong backward formula | caught" in text

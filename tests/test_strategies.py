@@ -36,8 +36,8 @@ def test_public_surface():
     """The module exports exactly its documented names."""
     assert sorted(es.__all__) == sorted([
         "ALIAS_PATTERNS", "LAYOUT_KINDS", "SPECIAL_VALUES", "TILE_LENGTHS", "Layout",
-        "aliased_arguments", "arguments_for", "devices", "dtypes", "layouts", "shapes", "tensors",
-        "tile_lengths"])
+        "aliased_arguments", "arguments_for", "devices", "dtypes", "layouts", "scalars", "shapes",
+        "tensors", "tile_lengths"])
     import equiv.strategies
     assert equiv.strategies is es
 
