@@ -310,7 +310,13 @@ def test_saving_a_clone_passes():
 
 
 def test_allow_mutation_on_saved_tensors_passes():
-    """Mutating a saved temporary under allow_mutation_on_saved_tensors is correct."""
+    """Mutating a saved temporary under allow_mutation_on_saved_tensors is correct.
+
+    torch keys the context's saved tensors by ``(id, data_ptr, version)`` (``_get_tid`` in
+    torch/autograd/graph.py, marked "FIXME: This is almost definitely a bug"): in one context
+    held over hundreds of graphs, a new saved tensor at a dead one's id and address can get the
+    dead one's clone in backward, so a rare example diverges once and not on replay. equiv
+    then says so (the run is flaky); any other finding fails this test."""
     @equivalent_to(square_ref)
     def square_then_bump_temp(x):
         t = x.clone()
@@ -319,7 +325,8 @@ def test_allow_mutation_on_saved_tensors_passes():
         return y
 
     with torch.autograd.graph.allow_mutation_on_saved_tensors():
-        assert check(square_then_bump_temp, settings=FAST).ok
+        report = check(square_then_bump_temp, settings=FAST, raise_on_failure=False)
+    assert report.ok or [f.check for f in report.findings] == ["flaky"], report.render()
     # the twin without the context manager: backward raises the version error
     report = _failed(square_then_bump_temp)
     assert "modified by an inplace operation" in report.render()
