@@ -35,6 +35,8 @@ class CheckRow:
     ``"valid"`` only where both sides returned; ``"function"`` also needs a custom
     ``autograd.Function`` node in the implementation's graph; ``"clean"`` needs a valid example
     on which no earlier check found anything (its extra runs would only repeat a known bug).
+    ``costly``: its extra runs cost several times the example's own; it runs on a drawn share
+    of the examples (``settings(costly_share=...)``).
     """
 
     name: str
@@ -43,6 +45,7 @@ class CheckRow:
     modes: tuple[str, ...]
     needs: str
     summary: str
+    costly: bool = False
 
 
 CATALOG: tuple[CheckRow, ...] = (
@@ -58,7 +61,8 @@ CATALOG: tuple[CheckRow, ...] = (
              "views as contract: outputs share input storage as the reference/aliases= say, an "
              "in-place kernel returns its argument, outputs overlap only where the reference's do"),
     CheckRow("no-grad", OutputMismatch, "no_grad", ("eager",), "clean",
-             "the forward contract with no input requiring grad and under torch.no_grad()"),
+             "the forward contract with no input requiring grad and under torch.no_grad()",
+             costly=True),
     CheckRow("gradients", GradientMismatch, "gradients", ("eager", "compile", "vmap", "jvp"),
              "valid", "vector-Jacobian product for a random cotangent (vmap mode: batched "
              "gradients, a batch of cotangents at once; jvp mode: the tangent)"),
@@ -69,15 +73,17 @@ CATALOG: tuple[CheckRow, ...] = (
     CheckRow("needs-input-grad", GradientMismatch, "needs_input_grad", ("eager",), "function",
              "every other requires_grad pattern of the inputs"),
     CheckRow("double-backward", GradientMismatch, "double_backward", ("eager",), "function",
-             "second-order gradients (create_graph=True)"),
+             "second-order gradients (create_graph=True)", costly=True),
     CheckRow("opcheck", EquivalenceFailure, "opcheck", ("eager", "compile"), "valid",
              "torch.library.opcheck on the custom ops the implementation calls"),
     CheckRow("output-stability", OutputMismatch, "output_stability", _RECORDED, "valid",
-             "returned outputs unchanged by backward and by a second call"),
+             "returned outputs unchanged by backward and by a second call", costly=True),
     CheckRow("state-across-calls", OutputMismatch, "state_across_calls", ("eager",), "clean",
-             "a second call after the same tensors were updated in place matches the reference"),
+             "a second call after the same tensors were updated in place matches the reference",
+             costly=True),
     CheckRow("schedule", ScheduleMismatch, "schedule", ("eager",), "clean",
-             "hazardous schedules raise or match the reference at forward-time values"),
+             "hazardous schedules raise or match the reference at forward-time values",
+             costly=True),
     CheckRow("memory", MemoryMismatch, "memory", ("eager",), "valid",
              "the memory contract: peak ratio and bytes retained by the graph (default: a loose "
              "bound on retained bytes, on a share of examples)"),

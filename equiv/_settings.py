@@ -112,6 +112,11 @@ class settings:
     #: (a classic ``autograd.Function`` under ``vmap``...): ``("vmap", "jvp", "functionalize")``
     #: or some of them; a skip of any other requested mode is not a pass
     allow_skip: tuple[str, ...] = ()
+    #: the share of examples the costly checks (catalog rows marked costly: the schedules, the
+    #: no-grad path, state across calls, output stability, double backward) run on: one in
+    #: ``round(1 / costly_share)``, chosen by the example's drawn seed (so a failure found there
+    #: shrinks like any other; explicit ``examples=`` always); 1.0 runs them on every example
+    costly_share: float = 0.25
 
     _profiles: ClassVar[dict[str, "settings"]] = {}
     _current: ClassVar[str] = "default"
@@ -154,6 +159,14 @@ class settings:
         object.__setattr__(self, "tolerances", _tolerance_triples(self.tolerances))
         object.__setattr__(self, "allow_skip", skippable(self.allow_skip, "settings"))
 
+    def costly(self, cot_seed: int) -> bool:
+        """Whether the costly checks run on the example drawn with ``cot_seed`` (a mix of the
+        seed, so Hypothesis's favourite small seeds spread; seed 0, the shrink target and the
+        explicit examples' seed, always)."""
+        period = max(round(1 / self.costly_share), 1)
+        mixed = ((cot_seed * 0x9E3779B1) & 0xFFFFFFFF) >> 8
+        return mixed % period == 0
+
     def tolerance(self, dtype: Any) -> tuple[float, float] | None:
         """The (rtol, atol) configured for ``dtype`` (a name or torch dtype), or None for
         torch.testing.assert_close's default."""
@@ -175,6 +188,11 @@ class settings:
         if not isinstance(self.derandomize, bool):
             raise InvalidArgument(
                 f"settings(derandomize={self.derandomize!r}): give True or False.")
+        c = self.costly_share
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c <= 1:
+            raise InvalidArgument(
+                f"settings(costly_share={c!r}): give the share of examples the costly checks "
+                "run on, a number in (0, 1], e.g. 0.25 (1 runs them on every example).")
         t = self.timeout
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
                               or not math.isfinite(t) or t <= 0):
@@ -281,7 +299,7 @@ THOROUGH_MODES = ("eager", "compile[aot_eager]", "compile[inductor]", "functiona
 
 settings._profiles["default"] = settings(modes=DEFAULT_MODES)
 settings.register_profile("ci", derandomize=True)
-settings.register_profile("thorough", max_examples=200, modes=THOROUGH_MODES)
+settings.register_profile("thorough", max_examples=200, modes=THOROUGH_MODES, costly_share=1.0)
 
 
 def _load_environment_profile() -> None:

@@ -223,6 +223,8 @@ class ModeRun:
         #: over the valid examples: checks that ran, that compared something, and why a check
         #: could not compare (its first reason)
         self.ran: set[str] = set()
+        #: valid examples the costly checks ran on (``settings(costly_share=...)``)
+        self.costly_examples = 0
         self.compared: set[str] = set()
         self.uncompared: dict[str, str] = {}
         self.ref_device: str | None = None  # where the reference runs, when not beside impl

@@ -88,6 +88,7 @@ def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: 
     outcome = _execute(spec, cfg, args, cot_seed, state, device, place, sink, cotangent)
     if outcome.invalid is None:
         state.cover(sink.ran, sink.compared, sink.uncompared)
+        state.costly_examples += cfg.costly(cot_seed)
     return outcome
 
 
@@ -155,6 +156,8 @@ def _run_checks(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
         if row.needs == "function" and not ex.function_nodes():
             continue
         if row.needs == "clean" and sink.findings:
+            continue
+        if row.costly and not cfg.costly(getattr(ex, "cot_seed", 0)):
             continue
         sink.ran.add(row.name)
         try:

@@ -25,7 +25,7 @@ from equiv.modes import Mode, ModeRun, NotCompiled, device_unavailable, parse_mo
 from equiv._watchdog import ExampleTimeout, per_example
 from equiv.execution.calls import isolated
 from equiv.execution.record import Placement
-from equiv.pipeline import Outcome, execute_example, narrowed
+from equiv.pipeline import Outcome, execute_example, narrowed, rows_for
 from equiv.report import Finding, ModeResult, Report
 from equiv.spec import Spec, get_spec
 from equiv.strategies import arguments_for, shapes
@@ -389,6 +389,7 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
         state.unsupported = (f"nothing could be checked under {mode.name}"
                              + (f": {'; '.join(driver.notes[:2])}" if driver.notes else ""))
     findings.extend(_unchecked(spec, cfg, mode, device, state, findings))
+    driver.notes.extend(_costly_note(mcfg, mode, state))
     if coverage is not None:
         coverage["ran"] |= state.ran
         coverage["compared"] |= state.compared
@@ -428,6 +429,17 @@ def _unchecked(spec: Spec, cfg: Settings, mode: Mode, device: str, state: ModeRu
                            "NumPy), or declare equivalent_to(grads=False) if gradients are not "
                            "part of the contract.")]
     return []
+
+
+def _costly_note(cfg: Settings, mode: Mode, state: ModeRun) -> list[str]:
+    """The line saying on how many examples the costly checks ran (when not on all)."""
+    costly = [r.name for r in rows_for(cfg, mode.kind) if r.costly]
+    if not costly or cfg.costly_share >= 1 or not state.examples:
+        return []
+    ran = [c for c in costly if c in state.ran] or costly
+    return [f"mode {mode.name}: the costly checks ({', '.join(ran)}) ran on "
+            f"{state.costly_examples} of {state.examples} examples "
+            f"(settings(costly_share={cfg.costly_share:g}))"]
 
 
 def _run_level(spec: Spec, mode: Mode, device: str, check: str, headline: str,

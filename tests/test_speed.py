@@ -1,0 +1,115 @@
+"""The speed features: costly checks on a drawn share of the examples (still shrinking and
+reported), and cheap cotangents for big tensors."""
+
+from __future__ import annotations
+
+import hypothesis
+import pytest
+import torch
+
+import equiv
+from equiv import equivalent_to
+from equiv._catalog import CATALOG
+from equiv.execution.calls import CHEAP_COTANGENT_ABOVE, cotangent
+
+
+def _cfg(**options) -> equiv.settings:
+    options = {"max_examples": 40, **options}
+    return equiv.settings(seed=0, modes=("eager",),
+                          hypothesis_settings=hypothesis.settings(database=None), **options)
+
+
+def test_the_costly_rows():
+    assert {r.name for r in CATALOG if r.costly} == {
+        "no-grad", "double-backward", "output-stability", "state-across-calls", "schedule"}
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, 1.5, True, "half", float("nan")])
+def test_costly_share_is_validated(bad):
+    with pytest.raises(equiv.InvalidArgument, match=r"settings\(costly_share="):
+        equiv.settings(costly_share=bad)
+
+
+def test_seed_zero_is_costly_and_the_share_holds():
+    s = equiv.settings(costly_share=0.25)
+    assert s.costly(0)
+    share = sum(s.costly(i) for i in range(4000)) / 4000
+    assert 0.2 < share < 0.3
+    assert all(equiv.settings(costly_share=1.0).costly(i) for i in range(100))
+
+
+class _Stale(torch.autograd.Function):
+    """Saves its input by reference outside save_for_backward: a later in-place write to the
+    input changes the gradient silently (only the schedules see it)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.x = x
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        return 2 * ctx.x * g
+
+
+def test_a_schedule_bug_is_still_caught_and_shrunk_at_the_default_share():
+    @equivalent_to(lambda x: x * x)
+    def square(x):
+        return _Stale.apply(x)
+
+    report = equiv.check(square, settings=_cfg(), raise_on_failure=False)
+    f = next(f for f in report.findings if f.check == "schedule")
+    assert "mutate-after-forward[x]" in f.headline
+    assert "x=f32[" in f.example or "x=f64[" in f.example
+
+
+def test_the_report_says_on_how_many_examples_the_costly_checks_ran():
+    @equivalent_to(torch.relu, mutates={"x": "out"})
+    def relu_(x):
+        return x.clamp_(min=0)
+
+    text = equiv.check(relu_, settings=_cfg()).render()
+    line = next(l for l in text.splitlines() if "costly checks" in l)
+    ran, of = (int(w) for w in line.split(" ran on ")[1].split(" examples")[0].split(" of "))
+    assert 0 < ran < of and "schedule" in line and "settings(costly_share=0.25)" in line
+    every = equiv.check(relu_, settings=_cfg(costly_share=1.0)).render()
+    assert "costly checks" not in every
+
+
+def test_cheap_cotangents_differ_everywhere_and_between_draws():
+    like = torch.empty(CHEAP_COTANGENT_ABOVE * 3 + 7, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(1)
+    first, second = cotangent(like, gen), cotangent(like, gen)
+    assert first.shape == like.shape and first.dtype == like.dtype
+    assert first.unique().numel() > 0.999 * like.numel()
+    assert not torch.isclose(first, second).any()
+    again = cotangent(like, torch.Generator().manual_seed(1))
+    assert torch.equal(first, again)  # seeded: a finding replays with the same cotangent
+    assert 0.8 < first.std().item() < 1.5
+
+
+def test_a_backward_wrong_on_one_element_of_a_big_tensor_is_caught():
+    """The cheap cotangent still reaches every element: a backward that zeroes one element's
+    gradient in a 100x100 tensor fails."""
+    class OneOff(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x * 3
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, g):
+            out = g * 3
+            out.view(-1)[4321] = 0.0
+            return out
+
+    @equivalent_to(lambda x: x * 3, inputs=hypothesis.strategies.tuples(
+        equiv.strategies.tensors(shape=(100, 100), requires_grad=True)))
+    def triple(x):
+        return OneOff.apply(x)
+
+    report = equiv.check(triple, settings=_cfg(max_examples=5), raise_on_failure=False)
+    assert any(f.check == "gradients" for f in report.findings), report.render()
