@@ -36,6 +36,7 @@ from equiv.checks import (
 )
 from equiv.errors import EquivError, InternalError
 from equiv.examples import Template
+from equiv.execution.calls import isolated
 from equiv.execution.record import Placement, Sink, check_mutated, execute
 from equiv.execution.transforms import Unsupported, jvp_run, vmap_runs
 from equiv.modes import ModeRun
@@ -85,7 +86,8 @@ def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: 
     mode = state.mode
     sink = Sink(spec, cfg, place.mode if place is not None else mode.name, device)
     check_mutated(spec, args)
-    outcome = _execute(spec, cfg, args, cot_seed, state, device, place, sink, cotangent)
+    with isolated(config=True):  # the Dynamo config user code may set, once per example
+        outcome = _execute(spec, cfg, args, cot_seed, state, device, place, sink, cotangent)
     if outcome.invalid is None:
         state.cover(sink.ran, sink.compared, sink.uncompared)
         state.costly_examples += cfg.costly(cot_seed)

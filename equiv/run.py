@@ -111,7 +111,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     cfg = _selection(spec, cfg, mode_objs)
     reference = _reference_placement(spec.reference_device or reference_device,
                                      spec.reference_dtype or reference_dtype)
-    with torch.inference_mode(False), isolated(), torch.enable_grad():
+    with torch.inference_mode(False), isolated(config=True), torch.enable_grad():
         report = _check(spec, cfg, mode_objs, reference)
     if raise_on_failure and not report.findings and not report.ok:
         first = report.runs[0]

@@ -38,7 +38,7 @@ def user_error(e: BaseException) -> bool:
     return not type(e).__module__.startswith("equiv")
 
 
-def _global_state() -> dict[str, Any]:
+def _global_state(config: bool) -> dict[str, Any]:
     state: dict[str, Any] = {
         "dtype": torch.get_default_dtype(),
         "deterministic": (torch.are_deterministic_algorithms_enabled(),
@@ -48,9 +48,9 @@ def _global_state() -> dict[str, Any]:
         "grad": torch.is_grad_enabled(),
         "device": torch.get_default_device(),
     }
-    config = sys.modules.get("torch._dynamo.config")
-    if config is not None:
-        state["dynamo"] = config.get_config_copy()
+    dynamo = sys.modules.get("torch._dynamo.config") if config else None
+    if dynamo is not None:
+        state["dynamo"] = dynamo.get_config_copy()  # ~0.2 ms: once per example, not per call
     return state
 
 
@@ -79,11 +79,13 @@ def _restore(saved: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def isolated() -> Iterator[None]:
+def isolated(config: bool = False) -> Iterator[None]:
     """Global torch state the user's code may set (default dtype and device, deterministic
-    algorithms, thread count, anomaly mode, grad mode, Dynamo config) is restored after the
-    block, so one spec never changes how the next one runs."""
-    saved = _global_state()
+    algorithms, thread count, anomaly mode, grad mode; with ``config``, the Dynamo config too)
+    is restored after the block, so one spec never changes how the next one runs. Every call
+    of user code restores the cheap state; the runner restores the config around each example
+    and each check()."""
+    saved = _global_state(config)
     try:
         yield
     finally:
