@@ -177,6 +177,9 @@ def test_docs_check_table_is_the_catalog():
     text = text[:text.index("\n## ", 1)]
     rows = re.findall(r"^\| `([\w-]+)` \| `(\w+)` \| ([\w, ]+) \|", text, re.M)
     assert rows == [(r.name, r.failure.__name__, ", ".join(r.modes)) for r in CATALOG]
+    costly = {name for name, line in re.findall(r"^\| `([\w-]+)` (.*)$", text, re.M)
+              if "**costly**" in line}
+    assert costly == {r.name for r in CATALOG if r.costly}
 
 
 @pytest.mark.parametrize("name", sorted(_modules()))
