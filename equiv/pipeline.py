@@ -90,7 +90,6 @@ def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: 
         outcome = _execute(spec, cfg, args, cot_seed, state, device, place, sink, cotangent)
     if outcome.invalid is None:
         state.cover(sink.ran, sink.compared, sink.uncompared)
-        state.costly_examples += cfg.costly(cot_seed)
     return outcome
 
 

@@ -343,6 +343,7 @@ class _ModeDriver:
                                     f"variant {variant.description!r} (must raise or match)"]
             hypothesis.reject()
         state.examples += 1
+        state.costly_examples += self.cfg.costly(cot_seed)
         if outcome.findings:
             self.stats["first_failure"] = self.stats["first_failure"] or self.stats["runs"]
             findings = self._described(outcome, variant, args)

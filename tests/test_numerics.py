@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import hypothesis
 import numpy as np
 import pytest
 import torch
@@ -654,3 +655,47 @@ def test_rounding_level_gradient_mismatch_gets_no_schedule_cause():
     f = next(f for f in report.findings if f.check == "gradients")
     assert f.rule == "baseline" and f.rounding_level
     assert f.likely_cause is None and not f.timeline
+
+
+# -- gradient terms that cancel exactly for a structured cotangent ------------------------------
+def _ln_ref(x):
+    return torch.nn.functional.layer_norm(x, x.shape[-1:])
+
+
+def _bf16_rows():
+    return st.tuples(tensors(shape=st.tuples(st.integers(1, 8), st.integers(2, 300)),
+                             dtype=torch.bfloat16, requires_grad=True))
+
+
+def _layer_norm_f32(x, eps=1e-5):
+    xf = x.float()
+    mu = xf.mean(-1, keepdim=True)
+    var = xf.var(-1, unbiased=False, keepdim=True)
+    return ((xf - mu) * torch.rsqrt(var + eps)).to(x.dtype)
+
+
+def test_a_bf16_layer_norm_computing_in_float32_passes_on_constant_rows():
+    """An expanded (constant) row and a constant cotangent make every term of the gradient
+    cancel exactly in float64, while a float32 kernel rounds terms of size 1/sqrt(eps): the
+    floor is taken at the size of the terms for a random cotangent too."""
+    @equivalent_to(_ln_ref, inputs=_bf16_rows())
+    def layer_norm_bf16(x):
+        return _layer_norm_f32(x)
+
+    for seed in (0, 4, 5):  # seeds that draw such an example within the budget
+        report = equiv.check(layer_norm_bf16, settings=equiv.settings(
+            seed=seed, modes=("eager",), hypothesis_settings=hypothesis.settings(database=None)),
+            raise_on_failure=False)
+        assert report.ok, report.render()
+
+
+def test_a_bf16_layer_norm_with_the_wrong_epsilon_fails():
+    @equivalent_to(_ln_ref, inputs=_bf16_rows())
+    def layer_norm_bf16(x):
+        return _layer_norm_f32(x, eps=1e-3)
+
+    report = equiv.check(layer_norm_bf16, settings=equiv.settings(
+        seed=1, modes=("eager",), hypothesis_settings=hypothesis.settings(database=None)),
+        raise_on_failure=False)
+    assert not report.ok
+    assert report.findings[0].check in ("forward", "gradients"), report.render()
