@@ -14,6 +14,17 @@ DEFAULT_VARIANTS: tuple[str, ...] = ("layouts", "aliasing")
 DERIVED_DEFAULT_VARIANTS: tuple[str, ...] = DEFAULT_VARIANTS + ("half-float32",)
 
 
+def string_tuple(value: Any) -> tuple[str, ...] | None:
+    """``value`` as a tuple of strings (one string counts as a one-tuple), or None when it is
+    not a collection of strings."""
+    names = (value,) if isinstance(value, str) else value
+    try:
+        names = tuple(names)
+    except TypeError:
+        return None
+    return names if all(isinstance(n, str) for n in names) else None
+
+
 def validate_variants(value: Any, impl: str, derived: bool = False) -> tuple[str, ...]:
     """``True``/``None`` -> the default (with ``"half-float32"`` for ``derived`` inputs), ``False`` ->
     none, or a collection of kind names."""
@@ -21,13 +32,8 @@ def validate_variants(value: Any, impl: str, derived: bool = False) -> tuple[str
         return DERIVED_DEFAULT_VARIANTS if derived else DEFAULT_VARIANTS
     if value is False:
         return ()
-    if isinstance(value, str):
-        value = (value,)
-    try:
-        kinds = tuple(value)
-    except TypeError:
-        kinds = None
-    if kinds is None or not all(isinstance(k, str) for k in kinds):
+    kinds = string_tuple(value)
+    if kinds is None:
         raise InvalidArgument(
             f"equivalent_to(variants={value!r:.60}) for {impl}: give True (the default: "
             f"{DEFAULT_VARIANTS}), False (only the drawn inputs), or a tuple of names from "

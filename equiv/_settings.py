@@ -8,6 +8,7 @@ import os
 from typing import Any, ClassVar
 
 from equiv._catalog import CHECK_NAMES
+from equiv._options import string_tuple
 from equiv.errors import InvalidArgument
 
 #: every check, in run and report order (the catalog's)
@@ -66,12 +67,8 @@ SKIPPABLE: tuple[str, ...] = ("functionalize", "vmap", "jvp")
 
 def skippable(value: Any, where: str) -> tuple[str, ...]:
     """``allow_skip=`` validated: a tuple of names from :data:`SKIPPABLE`."""
-    names = (value,) if isinstance(value, str) else value
-    try:
-        names = tuple(names)
-    except TypeError:
-        names = None
-    if names is None or not all(isinstance(n, str) and n in SKIPPABLE for n in names):
+    names = string_tuple(value)
+    if names is None or not all(n in SKIPPABLE for n in names):
         raise InvalidArgument(
             f"{where}(allow_skip={value!r}): give a tuple of the modes whose skip you accept "
             f"when torch cannot run the implementation under them, from {list(SKIPPABLE)}, "

@@ -14,7 +14,7 @@ from hypothesis.strategies import SearchStrategy
 
 from equiv._args import as_args
 from equiv._contracts import validate_contracts
-from equiv._options import validate_variants
+from equiv._options import string_tuple, validate_variants
 from equiv._schedule import validate_options
 from equiv._settings import settings as Settings
 from equiv._settings import skippable
@@ -394,12 +394,8 @@ def validate_reference(dtype: Any, device: Any, where: str) -> tuple[Any, str | 
 
 def _validate_write_only(value: Any, mutates: Any) -> tuple[str, ...]:
     """``write_only=``: argument names, each declared in ``mutates=``."""
-    names = (value,) if isinstance(value, str) else value
-    try:
-        names = tuple(names)
-    except TypeError:
-        names = None
-    if names is None or not all(isinstance(n, str) for n in names):
+    names = string_tuple(value)
+    if names is None:
         raise InvalidArgument(
             f"equivalent_to(write_only={value!r:.60}): give a tuple of argument names, e.g. "
             "write_only=('out',).")
