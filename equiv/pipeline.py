@@ -151,6 +151,12 @@ def _unsupported(exc: BaseException | None) -> bool:
 
 
 def _run_checks(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
+    _run_rows(cfg, ex, sink, kind)
+    for note in getattr(ex, "cache", {}).pop("precision-notes", ()):
+        sink.note(note)
+
+
+def _run_rows(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
     for row in rows_for(cfg, kind):
         if row.needs != "example" and not ex.valid:
             continue

@@ -699,3 +699,43 @@ def test_a_bf16_layer_norm_with_the_wrong_epsilon_fails():
         raise_on_failure=False)
     assert not report.ok
     assert report.findings[0].check in ("forward", "gradients"), report.render()
+
+
+# -- float32 precision differences pass; half precision bugs and float32 wrong values do not -----
+def _rows(dtype):
+    return st.tuples(tensors(shape=st.tuples(st.integers(1, 4), st.integers(2, 200)),
+                             dtype=dtype, requires_grad=True))
+
+
+def _seq_cumsum(x):
+    acc, cols = torch.zeros(x.shape[:-1], dtype=x.dtype), []
+    for i in range(x.shape[-1]):
+        acc = acc + x[..., i]
+        cols.append(acc)
+    return torch.stack(cols, -1)
+
+
+def _settings(seed=1):
+    return equiv.settings(seed=seed, modes=("eager",),
+                          hypothesis_settings=hypothesis.settings(database=None))
+
+
+def test_a_float16_sequential_accumulation_still_fails_at_rounding_level():
+    """A rounding-level divergence is a finding in half precision (accumulation bugs are)."""
+    @equivalent_to(lambda x: torch.cumsum(x, -1), inputs=_rows(torch.float16))
+    def cumsum_fp16(x):
+        return _seq_cumsum(x)
+
+    report = equiv.check(cumsum_fp16, settings=_settings(), raise_on_failure=False)
+    f = next(f for f in report.findings if f.check == "forward")
+    assert "dtype: torch.float16" in f.message and "the float16 reference's own error" in f.message
+
+
+def test_a_float32_value_off_by_more_than_rounding_still_fails():
+    @equivalent_to(lambda x: torch.cumsum(x, -1), inputs=_rows(torch.float32))
+    def cumsum_off(x):
+        return torch.cumsum(x, -1) * (1 + 3e-5)
+
+    report = equiv.check(cumsum_off, settings=_settings(), raise_on_failure=False)
+    assert any(f.check == "forward" for f in report.findings), report.render()
+    assert "precision difference" not in " ".join(report.notes)
