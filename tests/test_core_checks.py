@@ -589,3 +589,43 @@ def test_settings_dtypes_choose_the_dtypes_of_derived_inputs():
     seen.clear()
     equiv.check(double, settings=equiv.settings(FAST, dtypes=("bfloat16",)))
     assert seen == {torch.bfloat16}
+
+
+# --------------------------------------------------------------------------- kinks
+def test_a_gradient_differing_at_a_kink_of_the_reference_says_so():
+    """clamp passes the gradient at its bounds, hardtanh does not: at exactly x = 1 the two
+    differ, and the finding says that x[1] is where the reference is not differentiable."""
+    @equivalent_to(lambda x: torch.clamp(x, -1.0, 1.0), mutates={"x": "out"},
+                   examples=[(torch.tensor([0.5, 1.0, -2.0, 3.0], requires_grad=True),)])
+    def hardtanh_(x):
+        return torch.nn.functional.hardtanh_(x)
+
+    report = equiv.check(hardtanh_, settings=equiv.settings(FAST, max_examples=1),
+                         raise_on_failure=False)
+    f = next(f for f in report.findings if f.check == "gradients")
+    assert f.likely_cause.startswith("x[1] = 1 is a point where the reference is not "
+                                     "differentiable"), f.likely_cause
+
+
+def test_a_wrong_gradient_at_a_smooth_point_names_no_kink():
+    class Wrong(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x.sin()
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0])
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * x.sin()  # not cos
+
+    @equivalent_to(torch.sin)
+    def sin(x):
+        return Wrong.apply(x)
+
+    report = equiv.check(sin, settings=FAST, raise_on_failure=False)
+    f = next(f for f in report.findings if f.check == "gradients")
+    assert "not differentiable" not in (f.likely_cause or "")

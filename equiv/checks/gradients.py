@@ -12,7 +12,7 @@ from typing import Any
 from equiv.compare import compare_leaf
 from equiv.execution.calls import format_tb
 from equiv.execution.graph import slot_explanation
-from equiv.execution.record import Sink, cotangent_written, name_cotangent
+from equiv.execution.record import Sink, cotangent_written, kink_cause, name_cotangent
 from equiv.execution.verdict import fd_message
 from equiv.execution.script import explain_backwards
 
@@ -79,7 +79,7 @@ def _first_backward(ex: Any, sink: Sink) -> None:
                      baseline=lambda i=i: _at(ex.baseline_grads(1), i))
         if m is not None:
             sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "
-                         "backward #1.", argument=name, mismatch=m)
+                         "backward #1.", argument=name, mismatch=m, likely_cause=kink_cause(ex, g, m))
 
 
 def _at(values: list[Any] | None, i: int) -> Any:

@@ -8,7 +8,7 @@ from typing import Any
 
 from equiv.compare import compare_leaf
 from equiv.execution.calls import format_tb
-from equiv.execution.record import Sink, cotangent_written, name_cotangent
+from equiv.execution.record import Sink, cotangent_written, kink_cause, name_cotangent
 from equiv.execution.script import explain_backwards
 
 NAME = "repeated-backward"
@@ -60,4 +60,5 @@ def _repeat(ex: Any, sink: Sink) -> None:
         if m is not None:
             sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "
                          "backward #3 (a second, different cotangent through the retained "
-                         "graph).", argument=name, mismatch=m)
+                         "graph).", argument=name, mismatch=m,
+                         likely_cause=kink_cause(ex, pairing.groups[i], m))

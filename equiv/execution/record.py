@@ -33,6 +33,7 @@ from equiv.modes import normalise_error
 from equiv.numerics import NumericMismatch, oracle_dtype
 from equiv.report import Finding
 from equiv.spec import Spec
+from equiv.strategies._derived import smooth_at
 from equiv.variants import CONTIGUOUS, CotangentVariant
 
 
@@ -836,6 +837,30 @@ def cotangent_written(ex: Execution, b: Backward, n: int) -> list[tuple[str, str
                         "do not write into grad_output in backward; use out-of-place ops "
                         "(grad_output * x, not grad_output.mul_(x))."))
     return out
+
+
+def kink_cause(ex: Execution, group: Any, m: Any) -> str | None:
+    """When the worst element is an input where the reference is not differentiable (its
+    output or gradient jumps there, e.g. ``clamp`` at its bounds), the line saying so: the two
+    sides may legitimately pick different one-sided derivatives there."""
+    index, side = getattr(m, "index", None), ex.ref_side
+    if index is None or side is None or not group.simple:
+        return None
+    tensor = side.tensors[group.slots[0]]
+    values = list(side.bound.args) + list(side.bound.kwargs.values())
+    k = next((i for i, v in enumerate(values) if v is tensor), None)
+    if k is None or len(index) != tensor.dim():
+        return None
+    flat = sum(i * s for i, s in zip(index, tensor.contiguous().stride()))
+    if smooth_at(ex.spec.ref, side.bound.args, dict(side.bound.kwargs), {k: [flat]}):
+        return None
+    where = ex.template.slots[group.slots[0]].path + (
+        f"[{', '.join(map(str, index))}]" if index else "")
+    value = float(tensor.detach().reshape(-1)[flat])
+    return (f"{where} = {value:g} is a point where the reference is not differentiable (its "
+            "output or gradient jumps there): the two sides pick different one-sided "
+            "derivatives (subgradients). If either is acceptable, keep the inputs away from it "
+            "(inputs=...) or use the reference's convention.")
 
 
 def name_cotangent(ex: Execution, sink: Sink, first: int) -> None:
