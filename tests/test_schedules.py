@@ -15,6 +15,7 @@ import torch
 import equiv
 from equiv import Schedule, check, equivalent_to
 from tests.conftest import FAST
+from tests.test_honesty import _Times123
 
 
 def square_ref(x):
@@ -522,26 +523,12 @@ def test_compare_memory_shows_whether_in_place_saved_memory():
         compare_memory(broken, x)
 
 
-class _WrongBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(x):
-        return x * 2
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 3  # wrong on every schedule, plain or hazardous
-
-
 def test_a_wrong_backward_is_not_reported_as_a_schedule_bug():
     """A divergence the plain twin (no writes, each backward after its forward) shares is a
     gradients bug: the schedule check notes it and reports nothing."""
     @equivalent_to(lambda x: x * 2)
     def double(x):
-        return _WrongBackward.apply(x)
+        return _Times123.apply(x)  # backward g * 123: wrong on every schedule
 
     alone = check(double, settings=equiv.settings(FAST, checks=("schedule",)),
                   raise_on_failure=False)
