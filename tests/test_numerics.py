@@ -379,6 +379,13 @@ def test_e2e_bfloat16_silu_formula_passes_by_default():
         return x * torch.sigmoid(x)
 
     assert check(silu_formula, settings=FAST, modes=("eager",)).ok
+    # 100 examples with seed 0 draw an expanded x (64 views of one element): its gradient sums
+    # 64 terms, each rounding two parts of the derivative that nearly cancel (a precision
+    # difference at rounding level, passed with a note)
+    report = check(silu_formula, settings=equiv.settings(
+        seed=0, max_examples=100, modes=("eager",),
+        hypothesis_settings=hypothesis.settings(database=None)), raise_on_failure=False)
+    assert report.ok, report.render()
 
 
 def _split_k_specs():
