@@ -12,6 +12,7 @@ unsupported (skipped with the reason), never a pass. Each run is a record the ch
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterator
 
 import torch
@@ -202,7 +203,6 @@ def _batched_vjp(spec: Spec, cfg: Settings, example: Args, cot_seed: int, mode: 
                  device: str) -> BatchedVjp | None:
     """Both sides once more (eagerly, through the core); then the implementation's backward
     under vmap for a batch of cotangents, and the reference's VJP for each of them."""
-    import warnings
 
     ex = execute(spec, cfg, example, cot_seed, Placement(mode, "eager", device))
     if not ex.valid or not ex.pairing().ok:
