@@ -8,10 +8,11 @@ Switched per spec with ``equivalent_to(..., variants=...)``:
 - ``"layouts"``: every tensor argument may get another layout (transposed, permuted, sliced with
   a step and storage offset, as_strided window, channels_last; or expanded, stride 0, which
   repeats the first slice along one dim).
-- ``"aliasing"``: two arguments the contract does not declare mutated, with the same shape, dtype
-  and device, may become one tensor in two slots, two overlapping views of one base, or the row
-  and the column of one square base (``base[0]``, ``base[:, 0]``: different elements, one start
-  address, so ``data_ptr()`` cannot tell them apart from one tensor).
+- ``"aliasing"``: two arguments the contract does not declare mutated, with the same dtype and
+  device, may become one tensor in two slots (same shape only), two overlapping views of one
+  base, or the row and the column of one square base (``base[0]``, ``base[:, 0]``: different
+  elements, one start address, so ``data_ptr()`` cannot tell them apart from one tensor);
+  views keep each argument's shape, so a matrix and its broadcast bias can overlap too.
 - ``"aliasing-mutated"``: the same, also for declared mutated arguments (and expanded layouts
   for them: a stride-0 argument overlaps itself).
 - ``"half"``: every float32/float64 tensor argument rounded once to float16 or bfloat16
@@ -132,8 +133,7 @@ def _vary(draw: Any, example: Any, choice: str, signature: inspect.Signature,
     bound, names = found
     values = dict(bound.arguments)
     allowed = [n for n in names if n not in mutated or "aliasing-mutated" in kinds]
-    pairs = [(a, b) for i, a in enumerate(allowed) for b in allowed[i + 1:]
-             if _compatible(values[a], values[b])]
+    pairs = _alias_pairs(choice, values, allowed)
     if choice in _ALIAS_CHOICES and not pairs:
         if "layouts" not in kinds:
             return example, NO_VARIANT
@@ -160,6 +160,20 @@ def _vary(draw: Any, example: Any, choice: str, signature: inspect.Signature,
     return Args(*bound.args, **bound.kwargs), variant
 
 
+def _alias_pairs(choice: str, values: dict, allowed: list[str]) -> list[tuple[str, str]]:
+    """The pairs of ``allowed`` arguments the alias ``choice`` can apply to: one tensor in two
+    slots needs one shape; overlapping views take any two shapes, the first of at least two
+    elements (a pair of single elements can only be one tensor in two slots)."""
+    pairs = [(a, b) for i, a in enumerate(allowed) for b in allowed[i + 1:]
+             if _compatible(values[a], values[b])]
+    same = [(a, b) for a, b in pairs if values[a].shape == values[b].shape]
+    if choice == "same":
+        return same
+    views = [(a, b) if values[a].numel() >= 2 else (b, a) for a, b in pairs
+             if max(values[a].numel(), values[b].numel()) >= 2]
+    return views or same
+
+
 def _alias(draw: Any, choice: str, values: dict, pairs: list, mutated: frozenset) -> Variant:
     """Make a drawn pair of ``values`` share memory (in place in ``values``)."""
     a, b = pairs[draw(st.integers(0, len(pairs) - 1))]
@@ -167,17 +181,20 @@ def _alias(draw: Any, choice: str, values: dict, pairs: list, mutated: frozenset
     if choice != "same" and x.numel() >= 2:
         # "overlapping" is drawn as shifted views or the row and column of one base; both draw
         # a shift, so that row-column shrinks to shifted views by one choice of the same length
-        if draw(st.integers(0, 3)) > 0:  # row-column three times as often as shifted views
+        if draw(st.integers(0, 7)) > 0:  # row-column seven times as often as shifted views
             choice = "row-column"
         shift = draw(st.integers(1, x.numel() - 1))
         if choice == "row-column" and x.numel() <= _ROW_COLUMN_MAX:
             values[a], values[b] = _row_and_column(x, y)
-            text = (f"{a} and {b} the row and the column of one base ({a} = base[0], "
-                    f"{b} = base[:, 0]: one start address, 1 shared element)")
+            n, m = x.numel(), y.numel()
+            row, column = ("base[0]", "base[:, 0]") if n == m else (f"base[0, :{n}]", f"base[:{m}, 0]")
+            text = (f"{a} and {b} the row and the column of one base ({a} = {row}, "
+                    f"{b} = {column}: one start address, 1 shared element)")
         elif choice == "row-column":  # too large for an n x n base: one start, stride 2
             values[a], values[b] = _every_other(x, y)
+            shared = min((x.numel() + 1) // 2, y.numel())
             text = (f"{a} and {b} start at one address ({a} = base[:n], {b} = base[::2]: "
-                    f"{b} holds every other element, {(x.numel() + 1) // 2} shared)")
+                    f"{b} holds every other element, {shared} shared)")
         else:
             values[a], values[b] = _overlapping(x, y, shift)
             text = (f"{a} and {b} overlapping views of one base ({b} starts {shift} "
@@ -220,21 +237,27 @@ def _noted(example: Any, variant: Variant) -> Variant:
 
 
 def _compatible(x: torch.Tensor, y: torch.Tensor) -> bool:
-    return (x.shape == y.shape and x.dtype == y.dtype and x.device == y.device
-            and x.numel() > 0)
+    """Whether ``x`` and ``y`` can be views of one base (their shapes may differ: overlapping
+    views of differently shaped arguments, as broadcasting signatures take)."""
+    return (x.dtype == y.dtype and x.device == y.device and x.numel() > 0
+            and y.numel() > 0)
+
+
+def _fresh_base(x: torch.Tensor, y: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.full(shape, _gap_value(x.dtype), dtype=x.dtype, device=x.device)
 
 
 def _overlapping(x: torch.Tensor, y: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Two views of one fresh base: the first holds x's values, the second starts ``shift``
-    elements later (its last ``shift`` elements are y's last ones)."""
-    n = x.numel()
-    rg = x.requires_grad or y.requires_grad
+    elements later (its elements past the first's end are y's)."""
+    n, m = x.numel(), y.numel()
+    shared = max(0, min(n - shift, m))
     with torch.no_grad():
-        base = torch.empty(n + shift, dtype=x.dtype, device=x.device)
+        base = _fresh_base(x, y, (max(n, shift + m),))
         base[:n] = x.detach().reshape(-1)
-        base[n:] = y.detach().reshape(-1)[n - shift:]
-    base.requires_grad_(rg)
-    return base[:n].view(x.shape), base[shift:].view(y.shape)
+        base[shift + shared:shift + m] = y.detach().reshape(-1)[shared:]
+    base.requires_grad_(x.requires_grad or y.requires_grad)
+    return base[:n].view(x.shape), base[shift:shift + m].view(y.shape)
 
 
 # the row/column variant's base is n x n: only for arguments of up to this many elements
@@ -243,31 +266,30 @@ _ROW_COLUMN_MAX = 1024
 
 
 def _row_and_column(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two views of one fresh ``n x n`` base (``n = x.numel()``): the first is ``base[0]``
-    with x's values, the second ``base[:, 0]`` with y's values after its first element, which
-    is shared with x. Both start at the base's first element."""
-    n = x.numel()
-    rg = x.requires_grad or y.requires_grad
+    """Two views of one fresh square base: the first is the start of ``base[0]`` with x's
+    values, the second the start of ``base[:, 0]`` with y's values after its first element,
+    which is shared with x. Both start at the base's first element."""
+    n, m = x.numel(), y.numel()
     with torch.no_grad():
-        base = torch.full((n, n), _gap_value(x.dtype), dtype=x.dtype, device=x.device)
-        base[0] = x.detach().reshape(-1)
-        base[1:, 0] = y.detach().reshape(-1)[1:]
-    base.requires_grad_(rg)
-    return base[0].view(x.shape), base[:, 0].view(y.shape)
+        base = _fresh_base(x, y, (max(n, m),) * 2)
+        base[0, :n] = x.detach().reshape(-1)
+        base[1:m, 0] = y.detach().reshape(-1)[1:]
+    base.requires_grad_(x.requires_grad or y.requires_grad)
+    return base[0, :n].view(x.shape), base[:m, 0].view(y.shape)
 
 
 def _every_other(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two views of one fresh base of ``2n`` elements, both starting at its first element: the
-    first is ``base[:n]`` with x's values, the second ``base[::2]`` (its elements past the
-    first's end hold y's values)."""
-    n, half = x.numel(), (x.numel() + 1) // 2
-    rg = x.requires_grad or y.requires_grad
+    """Two views of one fresh base, both starting at its first element: the first is
+    ``base[:n]`` with x's values, the second ``base[::2]`` (its elements past the first's end
+    hold y's values)."""
+    n, m = x.numel(), y.numel()
+    shared = min((n + 1) // 2, m)
     with torch.no_grad():
-        base = torch.full((2 * n,), _gap_value(x.dtype), dtype=x.dtype, device=x.device)
+        base = _fresh_base(x, y, (2 * max(n, m),))
         base[:n] = x.detach().reshape(-1)
-        base[::2][half:] = y.detach().reshape(-1)[half:]
-    base.requires_grad_(rg)
-    return base[:n].view(x.shape), base[::2].view(y.shape)
+        base[::2][shared:m] = y.detach().reshape(-1)[shared:]
+    base.requires_grad_(x.requires_grad or y.requires_grad)
+    return base[:n].view(x.shape), base[::2][:m].view(y.shape)
 
 
 _OVERLAP_ERROR = "to a single memory location"  # torch refusing an in-place write

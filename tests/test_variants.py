@@ -226,6 +226,56 @@ def test_overlapping_twin_passes():
     passes(mul)
 
 
+def test_differently_shaped_arguments_become_views_of_one_base():
+    """Overlapping, row-column and every-other views of arguments with different shapes keep
+    each argument's shape and values outside the shared elements."""
+    from equiv.variants import _every_other, _overlapping, _row_and_column
+
+    x, y = torch.arange(6.0).view(2, 3), torch.arange(10.0, 14.0)
+    a, b = _overlapping(x, y, 4)
+    assert (a.shape, b.shape) == (x.shape, y.shape) and torch.equal(a, x)
+    assert b.tolist() == [4.0, 5.0, 12.0, 13.0]  # two shared elements, then y's own
+    a, b = _row_and_column(x, y)
+    assert a.data_ptr() == b.data_ptr() and torch.equal(a, x)
+    assert b.tolist() == [0.0, 11.0, 12.0, 13.0] and b.stride() == (6,)
+    a, b = _every_other(x, y)
+    assert a.data_ptr() == b.data_ptr() and b.tolist() == [0.0, 2.0, 4.0, 13.0]
+    a, b = _row_and_column(y, x)  # the longer argument first
+    assert torch.equal(a, y) and b.tolist() == [[10.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+
+def add_bias_ref(x, bias):
+    return x + bias
+
+
+def _add_bias(key):
+    @equivalent_to(add_bias_ref, inputs=_bias_inputs())
+    def add_bias(x, bias):
+        if key(x) == key(bias):  # "bias is x": add x to itself
+            return x + x
+        return x + bias
+    return add_bias
+
+
+def _bias_inputs():
+    from hypothesis import strategies as st
+
+    from equiv.strategies import tensors
+    return st.integers(2, 5).flatmap(
+        lambda n: st.tuples(tensors(shape=(n, n)), tensors(shape=(n,))))
+
+
+def test_dedup_by_data_ptr_is_caught_on_differently_shaped_arguments():
+    """x (n, n) and bias (n,) never have one shape: only views of one base with different
+    shapes share a start address."""
+    f = caught(_add_bias(lambda t: t.data_ptr()), "forward", "one start address")
+    assert "storage0.as_strided" in f.example_code
+
+
+def test_dedup_by_geometry_passes_on_differently_shaped_arguments():
+    passes(_add_bias(lambda t: (t.data_ptr(), t.shape, t.stride())))
+
+
 # -- aliasing a mutated argument (opt-in) -----------------------------------------------------
 def add_scaled_ref(x, y):
     return 2 * x + y
