@@ -373,7 +373,8 @@ def test_repeated_backward_catches_a_backward_that_writes_a_saved_tensor():
 
 
 def test_repeated_backward_catches_an_untracked_write_to_a_saved_tensor():
-    """Through .data the version counter does not move: backward #2 silently differs."""
+    """Through .data the version counter does not move: backward #2 (a second cotangent)
+    silently differs from the reference, and the timeline shows backward #1's write."""
 
     @equivalent_to(lambda x: x * x, inputs=one())
     def square_untracked(x):
@@ -381,8 +382,69 @@ def test_repeated_backward_catches_an_untracked_write_to_a_saved_tensor():
 
     report = failure(square_untracked, equiv.GradientMismatch)
     f = next(f for f in report.findings if f.check == "repeated-backward")
-    assert "on backward #2 (same cotangent, retained graph) differs from backward #1" in f.headline
+    assert "differs from the reference on backward #2 (a second cotangent" in f.headline
     assert "Likely cause" in f.message
+    assert "(backward #1; version NOT bumped: untracked write), then read by backward #2" \
+        in f.likely_cause, f.likely_cause
+
+
+class DoubleAccumulates(torch.autograd.Function):
+    """Backward sums every cotangent it was given into a buffer inside a list on ctx (the
+    timeline follows tensors saved or stashed on ctx, not ones inside containers)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.state = [torch.zeros_like(x)]
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.state[0] += g * 2
+        return ctx.state[0].clone()
+
+
+class DoubleMemoized(torch.autograd.Function):
+    """Backward computes once and returns that result for every later cotangent."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.memo = None
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.memo is None:
+            ctx.memo = g * 2
+        return ctx.memo
+
+
+def test_repeated_backward_names_a_buffer_reused_across_backwards():
+    """Backward #2 differs from the reference; backward #3 (the first cotangent again)
+    differs from #1, so the finding says backward #1 changed a value backward uses."""
+
+    @equivalent_to(lambda x: x * 2, inputs=one())
+    def double(x):
+        return DoubleAccumulates.apply(x)
+
+    f = next(f for f in failure(double, equiv.GradientMismatch).findings
+             if f.check == "repeated-backward")
+    assert "on backward #2 (a second cotangent" in f.headline
+    assert "backward #3 (the first cotangent again) differs from backward #1: Mismatched" \
+        in f.message, f.message
+
+
+def test_repeated_backward_does_not_blame_state_for_a_memoized_backward():
+    """A backward that ignores later cotangents is wrong on backward #2, but returns the same
+    as #1 for the first cotangent again: no claim of a modified value."""
+
+    @equivalent_to(lambda x: x * 2, inputs=one())
+    def double(x):
+        return DoubleMemoized.apply(x)
+
+    f = next(f for f in failure(double, equiv.GradientMismatch).findings
+             if f.check == "repeated-backward")
+    assert "on backward #2 (a second cotangent" in f.headline
+    assert "first cotangent again" not in f.message, f.message
 
 
 class ScaleWritesGradOutput(torch.autograd.Function):

@@ -1,6 +1,6 @@
-"""``repeated-backward``: a second backward through the retained graph with the same cotangent
-equals the first (backward #2), and a third with a new cotangent equals the reference's
-(backward #3)."""
+"""``repeated-backward``: a second backward through the retained graph, with a second
+cotangent, equals the reference's VJP for it (backward #2). When it does not, backward #3 (the
+first cotangent again) tells whether backward #1 changed what the graph saved."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from equiv.execution.record import Sink, cotangent_written, kink_cause, name_cot
 from equiv.execution.script import explain_backwards
 
 NAME = "repeated-backward"
+
+_STATEFUL = ("backward #1 modified a value saved for backward (a saved tensor or a reused "
+             "buffer).")
 
 
 def run(ex: Any, sink: Sink) -> None:
@@ -28,9 +31,12 @@ def run(ex: Any, sink: Sink) -> None:
 
 
 def _repeat(ex: Any, sink: Sink) -> None:
-    spec, pairing = ex.spec, ex.pairing()
+    pairing = ex.pairing()
     names = [ex.template.group_name(g) for g in pairing.groups]
-    b1, b2 = ex.backward(1), ex.backward(2)
+    ref2, err = ex.ref_grads(2)
+    if err is not None:
+        return
+    b2 = ex.backward(2)
     if b2.error is not None:
         sink.finding(NAME, "a second backward through the retained graph raised "
                      f"{type(b2.error).__name__} in the implementation.",
@@ -41,24 +47,30 @@ def _repeat(ex: Any, sink: Sink) -> None:
         return
     for name, headline, m, fix in cotangent_written(ex, b2, 2):
         sink.finding(NAME, headline, argument=name, mismatch=m, exact=True, fix=fix)
-    for name, a, e in zip(names, b2.grads, b1.grads):
-        m = compare_leaf(a, e, rtol=spec.rtol, atol=spec.atol, path=name)
-        if m is not None:
-            sink.finding(NAME, f"gradient w.r.t. {name!r} on backward #2 (same cotangent, "
-                         "retained graph) differs from backward #1.", argument=name, mismatch=m,
-                         likely_cause="backward #1 modified a value saved for backward (a saved "
-                                      "tensor or a reused buffer).")
-    ref2, err = ex.ref_grads(2)
-    b3 = ex.backward(3)
-    if err is not None or b3.error is not None:
-        return
     oracle, baseline = ex.oracle_grads, ex.baseline_grads
-    for i, (name, a, e) in enumerate(zip(names, b3.grads, ref2)):
+    for i, (name, a, e) in enumerate(zip(names, b2.grads, ref2)):
         m = ex.judge(name, a, e, kind="gradients", group=pairing.groups[i], cotangent=2,
                      oracle=lambda i=i: None if oracle(2) is None else oracle(2)[i],
                      baseline=lambda i=i: None if baseline(2) is None else baseline(2)[i])
         if m is not None:
+            again = _first_again(ex, i)
             sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "
-                         "backward #3 (a second, different cotangent through the retained "
-                         "graph).", argument=name, mismatch=m,
-                         likely_cause=kink_cause(ex, pairing.groups[i], m))
+                         "backward #2 (a second cotangent through the retained graph).",
+                         argument=name, mismatch=m,
+                         details="\n".join(x for x in (m.message, again) if x),
+                         likely_cause=_STATEFUL if again else
+                         kink_cause(ex, pairing.groups[i], m))
+
+
+def _first_again(ex: Any, i: int) -> str:
+    """The line saying backward #3 (the first cotangent again) differs from #1, or ""."""
+    b1, b3 = ex.backward(1), ex.backward(3)
+    if b3.error is not None:
+        return (f"backward #3 (the first cotangent again) raised {type(b3.error).__name__} "
+                "where backward #1 returned")
+    name = ex.template.group_name(ex.pairing().groups[i])
+    m = compare_leaf(b3.grads[i], b1.grads[i], rtol=ex.spec.rtol, atol=ex.spec.atol, path=name)
+    if m is None:
+        return ""
+    return ("backward #3 (the first cotangent again) differs from backward #1: "
+            + m.message.splitlines()[0])

@@ -272,8 +272,9 @@ class Execution:
 
     Built by :func:`execute`. Gradients are taken lazily and cached, always in the same order:
     the reference's VJP for the first cotangent, the implementation's backward #1 (first
-    cotangent), #2 (the same one again, retained graph), the reference's VJP for a second
-    cotangent, the implementation's backward #3 (second cotangent).
+    cotangent), the reference's VJP for a second cotangent, the implementation's backward #2
+    (second cotangent, retained graph) and, only to explain a backward #2 that differs, #3
+    (the first cotangent again).
     """
 
     kind = "recorded"
@@ -412,14 +413,14 @@ class Execution:
         return self._ref_grads[n]
 
     def backward(self, k: int) -> Backward:
-        """The implementation's backward #``k`` (1: first cotangent, 2: the same again, 3: the
-        second cotangent), taking the earlier ones first; an earlier error is repeated."""
+        """The implementation's backward #``k`` (1: first cotangent, 2: the second, 3: the first
+        again), taking the earlier ones first; an earlier error is repeated."""
         while len(self._backwards) < k:
             if self._backwards and self._backwards[-1].error is not None:
                 return self._backwards[-1]
-            n = len(self._backwards) + 1
-            cot = self.cotangents()[0 if n < 3 else 1]
-            given = self.laid_out(1 if n < 3 else 2)
+            n = 2 if len(self._backwards) == 1 else 1  # the cotangent backward #k takes
+            cot = self.cotangents()[n - 1]
+            given = self.laid_out(n)
             outs, cots = _defined([i for _, i, _ in self.pairing().pairs], given)
             grads, err = vjp(outs, self.leaves("impl"), cots)
             self._backwards.append(Backward(grads, err, given, cot))

@@ -65,22 +65,32 @@ class Script:
         self.ok = bool(self.pairs and self.groups)
 
     def cotangents(self, count: int) -> list[list[torch.Tensor]]:
-        gen = torch.Generator().manual_seed(self.ex.cot_seed + 7919)
-        return [[cotangent(r, gen) for _, _, r in self.pairs] for _ in range(count)]
+        """The first ``count`` cotangents of this example's schedules (one seeded sequence:
+        every schedule's backward #j gets the same values)."""
+        cots = self._ref_cache.setdefault("cotangents", [])
+        if len(cots) < count:
+            gen = self._ref_cache.setdefault(
+                "generator", torch.Generator().manual_seed(self.ex.cot_seed + 7919))
+            cots += [[cotangent(r, gen) for _, _, r in self.pairs]
+                     for _ in range(count - len(cots))]
+        return cots[:count]
 
     def reference_grads(self, cots: list[list[torch.Tensor]],
                         schedule: Schedule | None = None) -> list[list[torch.Tensor]] | None:
-        """The reference's gradients for each backward (through the forward it names)."""
+        """The reference's gradients for each backward (through the forward it names); the
+        VJP of one cotangent through one forward is taken once per example."""
         through = backward_forwards(schedule) if schedule is not None else [1] * len(cots)
+        grads_of = self._ref_cache.setdefault("vjps", {})
         result = []
         for c, k in zip(cots, through):
-            ref = self._ref_forward(k)
-            if ref is None:
+            key = (k, id(c))
+            if key not in grads_of:
+                ref = self._ref_forward(k)
+                grads, err = (None, None) if ref is None else vjp(ref[0], ref[1], c)
+                grads_of[key] = None if ref is None or err is not None else (grads, c)
+            if grads_of[key] is None:
                 return None
-            grads, err = vjp(ref[0], ref[1], c)
-            if err is not None:
-                return None
-            result.append(grads)
+            result.append(grads_of[key][0])
         return result
 
     def _ref_forward(self, k: int) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
@@ -283,8 +293,8 @@ def replay(ex: Execution, schedule: Schedule, fn: Any, cots: list[list[torch.Ten
 
 
 def explain_backwards(ex: Execution, sink: Sink, first: int) -> None:
-    """Replay the core's gradient run (forward, backward #1, #2 with the same cotangent, #3 with
-    a second one) on the implementation under the recorder, once per example, and attach the
+    """Replay the core's gradient run (forward, backward #1, #2 with a second cotangent, #3 with
+    the first again) on the implementation under the recorder, once per example, and attach the
     timeline and likely cause to ``sink.findings[first:]``."""
     if "backward-replay" not in ex.cache:
         ex.cache["backward-replay"] = _replay_backwards(ex, sink)
@@ -307,7 +317,7 @@ def _replay_backwards(ex: Execution, sink: Sink) -> tuple[str | None, tuple[dict
     cot2 = [cotangent(r, gen) for _, _, r in script.pairs]
     repeated = ex.cfg.backward_repeats >= 2 and "repeated-backward" in ex.cfg.checks
     steps = ("forward", "backward", "backward", "backward") if repeated else ("forward", "backward")
-    cause, events = replay(ex, Schedule(steps), ex.spec.impl, [cot1, cot1, cot2], sink, script)
+    cause, events = replay(ex, Schedule(steps), ex.spec.impl, [cot1, cot2, cot1], sink, script)
     if not events and cause is None:
         return None
     return cause, events
