@@ -184,7 +184,7 @@ def _alias(draw: Any, choice: str, values: dict, pairs: list, mutated: frozenset
         if draw(st.integers(0, 7)) > 0:  # row-column seven times as often as shifted views
             choice = "row-column"
         shift = draw(st.integers(1, x.numel() - 1))
-        if choice == "row-column" and x.numel() <= _ROW_COLUMN_MAX:
+        if choice == "row-column" and max(x.numel(), y.numel()) <= _ROW_COLUMN_MAX:
             values[a], values[b] = _row_and_column(x, y)
             n, m = x.numel(), y.numel()
             row, column = ("base[0]", "base[:, 0]") if n == m else (f"base[0, :{n}]", f"base[:{m}, 0]")

@@ -244,6 +244,20 @@ def test_differently_shaped_arguments_become_views_of_one_base():
     assert torch.equal(a, y) and b.tolist() == [[10.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
 
 
+@hypothesis.settings(max_examples=5, database=None)
+@hypothesis.given(hypothesis.strategies.data())
+def test_row_and_column_base_stays_bounded_for_a_long_second_argument(data):
+    """A square base for a 2-element argument and a 5000-element one would hold 25M elements:
+    past 1024 elements on either side the pair starts at one address with a stride of 2."""
+    from equiv.variants import _alias
+
+    values = {"x": torch.randn(2), "y": torch.randn(5000)}
+    variant = _alias(data.draw, "row-column", values, [("x", "y")], frozenset())
+    assert values["x"].data_ptr() == values["y"].data_ptr()
+    assert values["y"].untyped_storage().nbytes() <= 4 * 2 * 5000, variant.description
+    assert "base[::2]" in variant.description
+
+
 def add_bias_ref(x, bias):
     return x + bias
 
