@@ -141,7 +141,7 @@ def _probe(reference: Callable[..., Any], args: Sequence[Any], kwargs: dict,
     leaves: list[torch.Tensor] = []
     for k, v in enumerate(values):
         if isinstance(v, torch.Tensor) and (v.dtype.is_floating_point or v.dtype.is_complex):
-            w = _wide(v.detach()).clone()
+            w = _wide(v.detach()).clone(memory_format=torch.contiguous_format)  # row-major
             for i in planted.get(k, ()):
                 w.view(-1)[i] += step
             values[k] = w.requires_grad_(True)

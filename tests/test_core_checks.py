@@ -691,3 +691,36 @@ def test_a_wrong_gradient_at_a_smooth_point_names_no_kink():
     report = equiv.check(sin, settings=FAST, raise_on_failure=False)
     f = next(f for f in report.findings if f.check == "gradients")
     assert "not differentiable" not in (f.likely_cause or "")
+
+
+class _TripleBackward(torch.autograd.Function):
+    """x * 2 with the gradient of x * 3 (x saved, so the timeline has events)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 + x * 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_a_wrong_gradient_on_a_transposed_input_names_no_kink(dtype):
+    """The kink probe perturbs a row-major copy of a non-contiguous argument (a transposed one
+    is smooth everywhere for x * 2), and a complex argument has no kink line at all."""
+    x = torch.arange(1.0, 7.0, dtype=torch.float64).to(dtype).reshape(2, 3).t().requires_grad_()
+
+    @equivalent_to(lambda x: x * 2, inputs=st.just((x,)), variants=())
+    def double(x):
+        return _TripleBackward.apply(x)
+
+    report = equiv.check(double, settings=equiv.settings(FAST, max_examples=1),
+                         raise_on_failure=False)
+    f = next(f for f in report.findings if f.check == "gradients")
+    assert "not differentiable" not in (f.likely_cause or ""), f.likely_cause
+    # the timeline replays what the gradients check ran: one backward, not the repeats
+    phases = {e.get("phase") for e in f.timeline}
+    assert "backward #1" in phases and "backward #2" not in phases, phases

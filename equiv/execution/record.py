@@ -412,6 +412,11 @@ class Execution:
             self._ref_grads[n] = (grads, err)
         return self._ref_grads[n]
 
+    @property
+    def backwards_run(self) -> int:
+        """How many of the implementation's backwards (:meth:`backward`) have run."""
+        return len(self._backwards)
+
     def backward(self, k: int) -> Backward:
         """The implementation's backward #``k`` (1: first cotangent, 2: the second, 3: the first
         again), taking the earlier ones first; an earlier error is repeated."""
@@ -854,6 +859,8 @@ def kink_cause(ex: Execution, group: Any, m: Any) -> str | None:
     if index is None or side is None or not group.simple:
         return None
     tensor = side.tensors[group.slots[0]]
+    if not tensor.dtype.is_floating_point:  # a kink is a real-valued notion
+        return None
     values = list(side.bound.args) + list(side.bound.kwargs.values())
     k = next((i for i, v in enumerate(values) if v is tensor), None)
     if k is None or len(index) != tensor.dim():

@@ -293,12 +293,15 @@ def replay(ex: Execution, schedule: Schedule, fn: Any, cots: list[list[torch.Ten
 
 
 def explain_backwards(ex: Execution, sink: Sink, first: int) -> None:
-    """Replay the core's gradient run (forward, backward #1, #2 with a second cotangent, #3 with
-    the first again) on the implementation under the recorder, once per example, and attach the
-    timeline and likely cause to ``sink.findings[first:]``."""
-    if "backward-replay" not in ex.cache:
-        ex.cache["backward-replay"] = _replay_backwards(ex, sink)
-    explained = ex.cache["backward-replay"]
+    """Replay the core's gradient run as far as it went (forward, backward #1, #2 with a second
+    cotangent, #3 with the first again) on the implementation under the recorder, once per
+    example and number of backwards, and attach the timeline and likely cause to
+    ``sink.findings[first:]``."""
+    count = max(1, min(ex.backwards_run, 3))
+    key = f"backward-replay-{count}"
+    if key not in ex.cache:
+        ex.cache[key] = _replay_backwards(ex, sink, count)
+    explained = ex.cache[key]
     if explained is None:
         return
     cause, events = explained
@@ -308,16 +311,17 @@ def explain_backwards(ex: Execution, sink: Sink, first: int) -> None:
                                                likely_cause=cause or f.likely_cause)
 
 
-def _replay_backwards(ex: Execution, sink: Sink) -> tuple[str | None, tuple[dict, ...]] | None:
+def _replay_backwards(ex: Execution, sink: Sink,
+                      count: int) -> tuple[str | None, tuple[dict, ...]] | None:
     script = Script(ex)
     if not script.ok:
         return None
     gen = torch.Generator().manual_seed(ex.cot_seed)
     cot1 = [cotangent(r, gen) for _, _, r in script.pairs]
     cot2 = [cotangent(r, gen) for _, _, r in script.pairs]
-    repeated = ex.cfg.backward_repeats >= 2 and "repeated-backward" in ex.cfg.checks
-    steps = ("forward", "backward", "backward", "backward") if repeated else ("forward", "backward")
-    cause, events = replay(ex, Schedule(steps), ex.spec.impl, [cot1, cot2, cot1], sink, script)
+    steps = ("forward",) + ("backward",) * count
+    cause, events = replay(ex, Schedule(steps), ex.spec.impl, [cot1, cot2, cot1][:count], sink,
+                           script)
     if not events and cause is None:
         return None
     return cause, events
