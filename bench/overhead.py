@@ -127,6 +127,22 @@ def check_time(fn, n: int, device: str = "cpu") -> tuple[float, int]:
     return time.perf_counter() - start, report.examples_run
 
 
+def draw_time(fn, n: int, device: str = "cpu") -> float:
+    """Wall time of check()'s own Hypothesis test drawing ``n`` examples (inputs, variants,
+    cotangent seed and layout) with a body that does nothing: the floor of any check()."""
+    from equiv.spec import get_spec
+    from equiv.modes import parse_mode
+    from equiv.run import _hypothesis_test
+
+    cfg = equiv.settings(max_examples=n, seed=0, modes=("eager",), devices=(device,),
+                         hypothesis_settings=hypothesis.settings(database=None))
+    test = _hypothesis_test(get_spec(fn), cfg, parse_mode("eager"), device, 0,
+                            lambda *drawn: None)
+    start = time.perf_counter()
+    test()
+    return time.perf_counter() - start
+
+
 def measure(case: Case, shape, n: int, rounds: int, device: str = "cpu") -> dict:
     """Interleaved rounds of raw and check() on ``case``: medians and the median ratio."""
     strategy = _inputs(case.arity, shape)
@@ -135,7 +151,7 @@ def measure(case: Case, shape, n: int, rounds: int, device: str = "cpu") -> dict
     _, ran = check_time(fn, n, device)  # warm-up, and how many examples check() runs
     examples = [tuple(t.to(device) for t in ex) for ex in draw_examples(strategy, max(ran, 1))]
     raw_time(case, examples[:1], device)  # warm-up
-    raws, checks = [], []
+    raws, checks, draws = [], [], []
     for r in range(rounds):
         if r % 2 == 0:
             raws.append(raw_time(case, examples, device))
@@ -143,24 +159,28 @@ def measure(case: Case, shape, n: int, rounds: int, device: str = "cpu") -> dict
         else:
             checks.append(check_time(fn, n, device)[0])
             raws.append(raw_time(case, examples, device))
+        draws.append(draw_time(fn, ran, device))
     return {"examples": ran, "check": statistics.median(checks), "raw": statistics.median(raws),
-            "ratio": statistics.median(c / r for c, r in zip(checks, raws))}
+            "ratio": statistics.median(c / r for c, r in zip(checks, raws)),
+            "draw ratio": statistics.median(d / r for d, r in zip(draws, raws))}
 
 
 def bench(examples: int = 20, sizes: tuple[int, ...] = (1000, 1_000_000), rounds: int = 5,
           device: str = "cpu") -> str:
     """The overhead table (markdown) for every case at every size."""
     rows = [f"{rounds} interleaved rounds per row, device {device}, eager, default checks; "
-            f"ratio = median over rounds of check() / raw", "",
-            "| case | elements | examples | check() s | raw s | overhead ratio |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |"]
+            f"ratio = median over rounds of check() / raw; drawing only = check()'s Hypothesis "
+            "test drawing the same number of examples with an empty body, / raw", "",
+            "| case | elements | examples | check() s | raw s | overhead ratio | drawing only |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for numel in sizes:
         shape = _shape(numel)
         n = examples if numel < 100_000 else max(examples // 4, 3)
         for case in CASES:
             m = measure(case, shape, n, rounds, device)
             rows.append(f"| {case.label} | {shape[0] * shape[1]:,} | {m['examples']} | "
-                        f"{m['check']:.3f} | {m['raw']:.3f} | {m['ratio']:.1f}x |")
+                        f"{m['check']:.3f} | {m['raw']:.3f} | {m['ratio']:.1f}x | "
+                        f"{m['draw ratio']:.1f}x |")
     table = "\n".join(rows)
     print(table)
     return table
