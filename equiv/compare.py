@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 import torch
 
-from equiv._compat import keystr, tree_flatten_with_path
+from equiv._compat import default_tolerances, keystr, tree_flatten_with_path
 from equiv.examples import tensor_summary
 
 
@@ -115,6 +115,8 @@ def compare_leaf(actual: Any, expected: Any, *, rtol: float | None, atol: float 
         rtol, atol = _DTYPE_TOLERANCES.get().get(expected.dtype, (None, None))
     if rtol is not None:
         kwargs.update(rtol=rtol, atol=atol)
+    if a_t and not exact and _close_fast(actual, expected, rtol, atol):
+        return None
     try:
         torch.testing.assert_close(actual, expected, **kwargs)
     except AssertionError as e:
@@ -126,6 +128,31 @@ def compare_leaf(actual: Any, expected: Any, *, rtol: float | None, atol: float 
             return Mismatch(path, "\n".join(lines), max_abs, max_rel, index)
         return Mismatch(path, "\n".join(lines))
     return None
+
+
+#: below this many elements assert_close's own check is as fast
+_FAST_CLOSE_MIN = 4096
+
+
+def _close_fast(actual: torch.Tensor, expected: torch.Tensor, rtol: float | None,
+                atol: float | None) -> bool:
+    """True when every element of two float32/float64 tensors of one shape satisfies
+    ``|actual - expected| <= atol + rtol * |expected|``: the test ``torch.isclose`` makes, in
+    the same dtype, without its NaN and infinity handling (any non-finite difference fails
+    here and takes the full path). A sufficient condition only: False decides nothing.
+    (``torch.isclose`` is about ten times slower on CPU at a million elements.)"""
+    if (actual.dtype not in (torch.float32, torch.float64) or actual.dtype != expected.dtype
+            or actual.shape != expected.shape or actual.device != expected.device
+            or actual.numel() < _FAST_CLOSE_MIN):
+        return False
+    if rtol is None:
+        found = default_tolerances(actual.dtype)
+        if found is None:
+            return False
+        rtol, atol = found
+    with torch.no_grad():
+        bound = expected.detach().abs().mul_(rtol).add_(atol)
+        return bool((actual.detach() - expected.detach()).abs_().le(bound).all())
 
 
 def _numeric(x: Any) -> bool:

@@ -113,3 +113,34 @@ def test_a_backward_wrong_on_one_element_of_a_big_tensor_is_caught():
 
     report = equiv.check(triple, settings=_cfg(max_examples=5), raise_on_failure=False)
     assert any(f.check == "gradients" for f in report.findings), report.render()
+
+
+@hypothesis.settings(max_examples=60, database=None, deadline=None)
+@hypothesis.given(hypothesis.strategies.data())
+def test_the_fast_close_test_never_passes_what_assert_close_rejects(data):
+    """compare_leaf's fast path for big float tensors agrees with torch.testing.assert_close:
+    differences around the tolerance, NaN, infinities, a non-contiguous side."""
+    from equiv.compare import _FAST_CLOSE_MIN, _close_fast, compare_leaf
+
+    dtype = data.draw(hypothesis.strategies.sampled_from([torch.float32, torch.float64]))
+    gen = torch.Generator().manual_seed(data.draw(hypothesis.strategies.integers(0, 99)))
+    e = torch.randn(_FAST_CLOSE_MIN, generator=gen, dtype=dtype)
+    rtol, atol = (1.3e-6, 1e-5) if dtype == torch.float32 else (1e-7, 1e-7)
+    scale = data.draw(hypothesis.strategies.sampled_from([0.0, 0.5, 0.99, 1.0, 1.01, 2.0]))
+    a = e + scale * (atol + rtol * e.abs()) * torch.sign(torch.randn(e.shape, generator=gen,
+                                                                     dtype=dtype))
+    i = data.draw(hypothesis.strategies.integers(0, e.numel() - 1))
+    special = data.draw(hypothesis.strategies.sampled_from([None, "nan", "inf", "-inf"]))
+    if special:
+        a[i] = float(special)
+        if data.draw(hypothesis.strategies.booleans()):
+            e[i] = float(special)
+    if data.draw(hypothesis.strategies.booleans()):
+        a, e = a.view(64, -1).t(), e.view(64, -1).t()
+    try:
+        torch.testing.assert_close(a, e, equal_nan=True, check_stride=False)
+        close = True
+    except AssertionError:
+        close = False
+    assert not _close_fast(a, e, None, None) or close
+    assert (compare_leaf(a, e, rtol=None, atol=None) is None) == close
