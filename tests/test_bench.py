@@ -20,7 +20,7 @@ from tests.conftest import FAST
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 MODULES = ("overhead", "growth", "versus", "first_failure", "strategies_bench", "recorder_bench",
-           "functions", "modes_bench", "walltime")
+           "functions", "modes_bench", "walltime", "rows")
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +129,13 @@ def test_benchmarked_function_is_correct_and_its_bug_is_caught(bench_path):
         equiv.check(wrong, settings=FAST)
     found = [f for f in exc.value.report.findings if f.check == "gradients"]
     assert found and "gradient w.r.t. 'x' differs from the reference" in found[0].headline
+
+
+def test_rows_times_every_check_and_restores_the_catalog(bench_path):
+    import equiv.pipeline as pipeline
+
+    rows = importlib.import_module("rows")
+    before = dict(pipeline._MODULES)
+    table = rows.bench(0, 100, 3)
+    assert "| gradients |" in table and "| repeated-backward |" in table
+    assert pipeline._MODULES == before
