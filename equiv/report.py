@@ -97,7 +97,10 @@ class Finding:
         if self.attribution:
             lines.append(f"Attribution: {self.attribution}")
         if self.timeline:
-            lines.append("Timeline (implementation, replayed under the recorder):")
+            lines.append("Timeline (implementation, replayed under the recorder):" if
+                         self.mode == "eager" else
+                         "Timeline (implementation replayed in eager mode under the recorder: "
+                         f"the steps of the {self.mode} graph are not recorded):")
             text = render_timeline(self.timeline, max_events=80)
             lines.extend("  " + ln for ln in text.splitlines())
         if self.likely_cause:

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import equiv
 import equiv.strategies as es
 from equiv.examples import Args, Template
 
@@ -105,3 +106,17 @@ def test_written_grad_argument_prints_a_non_leaf():
     got: list = []
     exec(code, {"relu_": lambda x: got.append(x.clamp_(min=0))})
     assert not got[0].is_leaf and got[0].tolist() == [1.0, 0.0]
+
+
+def test_a_compiled_modes_timeline_says_it_is_an_eager_replay():
+    """The recorder replays the implementation eagerly: under a compile mode the report says
+    the compiled graph's own steps are not in the timeline."""
+    event = {"step": 1, "phase": "forward", "kind": "save", "storage": "S1", "tensor": "x",
+             "version_before": 0, "version_after": 0, "tracked": True, "grad_fn": "MulBackward0",
+             "nbytes": 8, "shape": [2]}
+    eager = equiv.Finding(check="gradients", headline="h", timeline=(event,)).render()
+    compiled = equiv.Finding(check="gradients", headline="h", mode="compile[aot_eager]",
+                             timeline=(event,)).render()
+    assert "Timeline (implementation, replayed under the recorder):" in eager
+    assert ("Timeline (implementation replayed in eager mode under the recorder: the steps of "
+            "the compile[aot_eager] graph are not recorded):") in compiled
