@@ -724,3 +724,16 @@ def test_a_wrong_gradient_on_a_transposed_input_names_no_kink(dtype):
     # the timeline replays what the gradients check ran: one backward, not the repeats
     phases = {e.get("phase") for e in f.timeline}
     assert "backward #1" in phases and "backward #2" not in phases, phases
+
+
+def test_a_wrong_first_backward_is_reported_once():
+    """A backward wrong from the start is the gradients check's finding; the repeated backward
+    through the same graph does not report it again."""
+
+    @equivalent_to(lambda x: x * 2, inputs=one())
+    def double(x):
+        return _TripleBackward.apply(x)
+
+    report = failure(double, equiv.GradientMismatch)
+    checks = [f.check for f in report.findings]
+    assert "gradients" in checks and "repeated-backward" not in checks, checks
