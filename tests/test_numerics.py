@@ -746,3 +746,16 @@ def test_a_float32_value_off_by_more_than_rounding_still_fails():
     report = equiv.check(cumsum_off, settings=_settings(), raise_on_failure=False)
     assert any(f.check == "forward" for f in report.findings), report.render()
     assert "precision difference" not in " ".join(report.notes)
+
+
+def test_a_numeric_finding_lists_each_line_once():
+    """The baseline-relative verdict's lines and assert_close's are joined without repeats."""
+    @equivalent_to(lambda x: x * 2, inputs=st.just((torch.tensor([0.5, 1.5]),)), variants=())
+    def off(x):
+        return x * 2 + 1
+
+    report = equiv.check(off, settings=equiv.settings(max_examples=1, modes=("eager",)),
+                         raise_on_failure=False)
+    f = next(f for f in report.findings if f.check == "forward")
+    lines = f.details.splitlines()
+    assert sum(ln.startswith("Mismatched elements") for ln in lines) == 1, f.details

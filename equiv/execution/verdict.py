@@ -73,7 +73,9 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
                           path=name, baseline_nonfinite=not cross, magnitude=size)
     if found is None:
         return None
-    return dataclasses.replace(found, message=f"{found.message}\n{m.message}")
+    seen = set(found.message.splitlines())  # assert_close's lines, less those already given
+    extra = [ln for ln in m.message.splitlines() if ln not in seen]
+    return dataclasses.replace(found, message="\n".join([found.message, *extra]))
 
 
 def rounding_only(mismatches: list[Mismatch | None]) -> bool:
