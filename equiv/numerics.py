@@ -318,8 +318,9 @@ def describe(m: NumericMismatch) -> str:
         + (f", p99 {m.ulp_p99:.3g}" if m.ulp_p99 is not None else ""),
     ]
     if m.baseline_error is not None and m.floor is not None and m.rounding_level:
-        lines.append(f"rounding-level: within {ROUNDING_FACTOR:g}x the reference's own error "
-                     "(a precision difference, not a wrong value)")
+        lines.append(f"rounding-level: within {ROUNDING_FACTOR:g}x the reference's own error; "
+                     f"in {m.dtype} that is how accumulating in {m.dtype} shows, so it is "
+                     "reported (settings(tolerances=...) accepts it where intended)")
     return "\n".join(lines)
 
 

@@ -759,3 +759,17 @@ def test_a_numeric_finding_lists_each_line_once():
     f = next(f for f in report.findings if f.check == "forward")
     lines = f.details.splitlines()
     assert sum(ln.startswith("Mismatched elements") for ln in lines) == 1, f.details
+
+
+def test_a_half_rounding_level_finding_says_why_it_is_still_reported():
+    """float16 accumulation is rounding-level against float64: the finding stands and says
+    why, instead of calling it "not a wrong value"."""
+    from equiv.numerics import NumericMismatch, describe
+
+    m = NumericMismatch(path="output", message="", impl_error=6e-4, baseline_error=6e-5,
+                        allowed=5e-4, k=2.0, floor=1e-5, floor_ulps=2.0, dtype="float16",
+                        mismatched=1, elements=65, ulp_max=7.3, baseline_ulp_max=1.0)
+    assert m.rounding_level
+    text = describe(m)
+    assert "not a wrong value" not in text
+    assert "in float16 that is how accumulating in float16 shows, so it is reported" in text

@@ -75,7 +75,8 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
         return None
     seen = set(found.message.splitlines())  # assert_close's lines, less those already given
     extra = [ln for ln in m.message.splitlines() if ln not in seen]
-    return dataclasses.replace(found, message="\n".join([found.message, *extra]))
+    head = ["against the per-dtype default tolerance (torch.testing.assert_close):"] if extra else []
+    return dataclasses.replace(found, message="\n".join([found.message, *head, *extra]))
 
 
 def rounding_only(mismatches: list[Mismatch | None]) -> bool:
