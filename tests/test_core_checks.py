@@ -418,16 +418,22 @@ class DoubleMemoized(torch.autograd.Function):
         return ctx.memo
 
 
+def _repeat_finding(function: type) -> equiv.Finding:
+    """The repeated-backward finding of ``function`` (an x * 2 Function) on one example."""
+
+    @equivalent_to(lambda x: x * 2, inputs=one())
+    def double(x):
+        return function.apply(x)
+
+    return next(f for f in failure(double, equiv.GradientMismatch).findings
+                if f.check == "repeated-backward")
+
+
 def test_repeated_backward_names_a_buffer_reused_across_backwards():
     """Backward #2 differs from the reference; backward #3 (the first cotangent again)
     differs from #1, so the finding says backward #1 changed a value backward uses."""
 
-    @equivalent_to(lambda x: x * 2, inputs=one())
-    def double(x):
-        return DoubleAccumulates.apply(x)
-
-    f = next(f for f in failure(double, equiv.GradientMismatch).findings
-             if f.check == "repeated-backward")
+    f = _repeat_finding(DoubleAccumulates)
     assert "on backward #2 (a second cotangent" in f.headline
     assert "backward #3 (the first cotangent again) differs from backward #1: Mismatched" \
         in f.message, f.message
@@ -437,12 +443,7 @@ def test_repeated_backward_does_not_blame_state_for_a_memoized_backward():
     """A backward that ignores later cotangents is wrong on backward #2, but returns the same
     as #1 for the first cotangent again: no claim of a modified value."""
 
-    @equivalent_to(lambda x: x * 2, inputs=one())
-    def double(x):
-        return DoubleMemoized.apply(x)
-
-    f = next(f for f in failure(double, equiv.GradientMismatch).findings
-             if f.check == "repeated-backward")
+    f = _repeat_finding(DoubleMemoized)
     assert "on backward #2 (a second cotangent" in f.headline
     assert "first cotangent again" not in f.message, f.message
 
