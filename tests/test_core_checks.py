@@ -738,3 +738,17 @@ def test_a_wrong_first_backward_is_reported_once():
     report = failure(double, equiv.GradientMismatch)
     checks = [f.check for f in report.findings]
     assert "gradients" in checks and "repeated-backward" not in checks, checks
+
+
+def test_gradients_after_a_wrong_forward_point_to_the_forward_finding():
+    """The tanh approximation of gelu differs in forward and backward: the gradient finding
+    says the forward already differs, so the user fixes that first."""
+
+    @equivalent_to(torch.nn.functional.gelu, inputs=one())
+    def gelu(x):
+        return torch.nn.functional.gelu(x, approximate="tanh")
+
+    report = failure(gelu, equiv.EquivalenceFailure)
+    assert {"forward", "gradients"} <= checks_of(report), checks_of(report)
+    f = next(f for f in report.findings if f.check == "gradients")
+    assert f.likely_cause.startswith("the forward values already differ on this example")

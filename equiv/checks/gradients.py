@@ -73,13 +73,21 @@ def _first_backward(ex: Any, sink: Sink) -> None:
     sink.mark_compared(NAME)
     for name, headline, m, fix in cotangent_written(ex, b, 1):
         sink.finding(NAME, headline, argument=name, mismatch=m, exact=True, fix=fix)
+    forward_differs = any(f.check in ("forward", "mutation") for f in sink.findings)
     for i, (g, a, e) in enumerate(zip(pairing.groups, b.grads, ref)):
         name = ex.template.group_name(g)
-        m = ex.judge(name, a, e, kind="gradients", group=g, cotangent=1, oracle=lambda i=i: _at(ex.oracle_grads(1), i),
+        m = ex.judge(name, a, e, kind="gradients", group=g, cotangent=1,
+                     oracle=lambda i=i: _at(ex.oracle_grads(1), i),
                      baseline=lambda i=i: _at(ex.baseline_grads(1), i))
         if m is not None:
             sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "
-                         "backward #1.", argument=name, mismatch=m, likely_cause=kink_cause(ex, g, m))
+                         "backward #1.", argument=name, mismatch=m,
+                         likely_cause=_AFTER_FORWARD if forward_differs else kink_cause(ex, g, m))
+
+
+_AFTER_FORWARD = ("the forward values already differ on this example (the forward or mutation "
+                  "finding): the gradients may differ only because of them; fix the forward "
+                  "first.")
 
 
 def _at(values: list[Any] | None, i: int) -> Any:
