@@ -55,6 +55,9 @@ class Group:
         return self.values.dtype
 
 
+_COMPLEX_OF = {torch.float64: torch.complex128, torch.float32: torch.complex64}
+
+
 def _storage_values(t: torch.Tensor) -> torch.Tensor:
     n = t.untyped_storage().nbytes() // t.element_size()
     flat = torch.empty(0, dtype=t.dtype, device=t.device)
@@ -145,7 +148,8 @@ class Template:
         """Fresh tensors with this example's structure (leaves for gradients when ``grad``).
 
         ``shuffled`` reverses each storage's values: same structure and value set, other values.
-        ``dtype`` converts the floating-point storages (a float64 reference, for instance).
+        ``dtype`` converts the floating-point storages (a float64 reference, for instance), and
+        complex ones to the complex dtype of that precision (complex128 for float64).
         """
         leaves: list[torch.Tensor | None] = []
         group_args: list[torch.Tensor] = []
@@ -153,6 +157,8 @@ class Template:
             values = g.values if device is None else g.values.to(device)
             if dtype is not None and values.dtype.is_floating_point:
                 values = values.to(dtype)
+            elif dtype is not None and values.dtype.is_complex and dtype in _COMPLEX_OF:
+                values = values.to(_COMPLEX_OF[dtype])  # the same precision, complex
             if shuffled:
                 values = values.flip(0)
             rg = grad and g.requires_grad

@@ -114,8 +114,9 @@ class Finding:
     def _verdict(self) -> str:
         if self.rule == "baseline":
             level = " (rounding-level)" if self.rounding_level else ""
+            oracle = "complex128" if "complex" in self.dtype else "float64"
             return (f"baseline-relative (k={self.k:g}): implementation error "
-                    f"{self.impl_error:.3g} vs float64, the reference's own error "
+                    f"{self.impl_error:.3g} vs {oracle}, the reference's own error "
                     f"{self.baseline_error:.3g} at this dtype, allowed {self.allowed:.3g}{level}")
         return "per-dtype default tolerance (no float64 oracle: see the note)"
 

@@ -632,3 +632,21 @@ def test_assert_equivalent_raises_the_findings_class_with_the_example():
     f = e.value.report.findings[0]
     assert f.check == "gradients" and "x=f32[2]" in f.example
     assert "equiv.assert_equivalent(double" in f.reproduce
+
+
+def test_complex_values_are_judged_against_a_complex128_oracle():
+    """A complex64 kernel is judged like a float32 one: against the reference in complex128,
+    not the per-dtype default with a "no float64 oracle" note."""
+    fn = _complex_mul(conjugate=False)
+    x = torch.tensor([0.5 + 0.5j, 1.5 - 0.5j], dtype=torch.complex64, requires_grad=True)
+    y = torch.tensor([-0.5 + 1.5j, 0.5 + 0.5j], dtype=torch.complex64, requires_grad=True)
+
+    @equivalent_to(cmul_ref, inputs=st.just((x, y)), variants=())
+    def mul(x, y):
+        return fn.apply(x, y)
+
+    report = equiv.check(mul, settings=equiv.settings(max_examples=1, modes=("eager",)),
+                         raise_on_failure=False)
+    f = next(f for f in report.findings if f.check == "gradients")
+    assert f.rule == "baseline" and "vs complex128" in f.message, f.message
+    assert not any("no float64 oracle" in n for n in report.notes), report.notes
