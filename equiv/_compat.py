@@ -139,11 +139,19 @@ def compile_wrapper_errors() -> tuple[type[BaseException], ...]:
 
 
 
+try:  # private helper of torch.testing since 1.12
+    from torch.testing._comparison import default_tolerances as _default_tolerances
+except ImportError:  # moved: callers take assert_close's own path
+    _default_tolerances = None
+
+
 def default_tolerances(dtype: torch.dtype) -> tuple[float, float] | None:
-    """``torch.testing.assert_close``'s default (rtol, atol) for ``dtype`` (private helper of
-    torch.testing since 1.12), or None where this torch does not have it."""
-    try:
-        from torch.testing._comparison import default_tolerances as defaults
-        return tuple(defaults(dtype))  # type: ignore[return-value]
-    except Exception:  # moved or changed: the caller takes assert_close's own path
+    """``torch.testing.assert_close``'s default (rtol, atol) for ``dtype``, or None where this
+    torch does not expose them."""
+    if _default_tolerances is None:
         return None
+    try:
+        rtol, atol = _default_tolerances(dtype)
+    except Exception:  # its signature changed: the caller takes assert_close's own path
+        return None
+    return rtol, atol

@@ -309,12 +309,12 @@ def describe(m: NumericMismatch) -> str:
     floor = (f"{m.floor_ulps:g} ulp" if m.floor_at is None or m.floor is None
              or m.floor_at <= m.floor else f"the {m.dtype} default tolerance {m.floor_at:.2g}")
     lines = [
-        f"implementation max error {m.impl_error:.3g} vs {_oracle_name(m.dtype)}, the {m.dtype} "
+        f"implementation max error {m.impl_error:.3g} vs {oracle_name(m.dtype)}, the {m.dtype} "
         f"reference's own error {m.baseline_error:.3g}, allowed {m.k:g}x + {floor} = "
         f"{m.allowed:.3g}{at}",
         f"Mismatched elements: {m.mismatched} / {m.elements} "
         f"({100.0 * m.mismatched / max(m.elements, 1):.1f}%)",
-        f"ULP distance from {_oracle_name(m.dtype)} (in {m.dtype} ulps): max {m.ulp_max:.3g}"
+        f"ULP distance from {oracle_name(m.dtype)} (in {m.dtype} ulps): max {m.ulp_max:.3g}"
         + (f", p99 {m.ulp_p99:.3g}" if m.ulp_p99 is not None else ""),
     ]
     if m.baseline_error is not None and m.floor is not None and m.rounding_level:
@@ -324,8 +324,9 @@ def describe(m: NumericMismatch) -> str:
     return "\n".join(lines)
 
 
-def _oracle_name(dtype: str) -> str:
-    return "complex128" if dtype.startswith("complex") else "float64"
+def oracle_name(dtype: str) -> str:
+    """The oracle's dtype name for a result of dtype ``dtype`` ("float32", "torch.complex64")."""
+    return "complex128" if "complex" in dtype else "float64"
 
 
 # -- finite differences --------------------------------------------------------------------

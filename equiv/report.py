@@ -8,6 +8,7 @@ from typing import Any
 
 from equiv._catalog import FAILURE_CLASSES
 from equiv.errors import EquivalenceFailure
+from equiv.numerics import oracle_name
 from equiv.timeline import render as render_timeline
 
 
@@ -114,9 +115,8 @@ class Finding:
     def _verdict(self) -> str:
         if self.rule == "baseline":
             level = " (rounding-level)" if self.rounding_level else ""
-            oracle = "complex128" if "complex" in self.dtype else "float64"
-            return (f"baseline-relative (k={self.k:g}): implementation error "
-                    f"{self.impl_error:.3g} vs {oracle}, the reference's own error "
+            return (f"baseline-relative (k={self.k:g}): implementation error {self.impl_error:.3g} "
+                    f"vs {oracle_name(self.dtype)}, the reference's own error "
                     f"{self.baseline_error:.3g} at this dtype, allowed {self.allowed:.3g}{level}")
         return "per-dtype default tolerance (no float64 oracle: see the note)"
 

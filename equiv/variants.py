@@ -187,7 +187,8 @@ def _alias(draw: Any, choice: str, values: dict, pairs: list, mutated: frozenset
         if choice == "row-column" and max(x.numel(), y.numel()) <= _ROW_COLUMN_MAX:
             values[a], values[b] = _row_and_column(x, y)
             n, m = x.numel(), y.numel()
-            row, column = ("base[0]", "base[:, 0]") if n == m else (f"base[0, :{n}]", f"base[:{m}, 0]")
+            row, column = (("base[0]", "base[:, 0]") if n == m
+                           else (f"base[0, :{n}]", f"base[:{m}, 0]"))
             text = (f"{a} and {b} the row and the column of one base ({a} = {row}, "
                     f"{b} = {column}: one start address, 1 shared element)")
         elif choice == "row-column":  # too large for an n x n base: one start, stride 2

@@ -18,6 +18,10 @@ from equiv.execution.script import explain_backwards
 
 NAME = "gradients"
 
+_AFTER_FORWARD = ("the forward values already differ on this example (the forward or mutation "
+                  "finding): the gradients may differ only because of them; fix the forward "
+                  "first.")
+
 _CUT_CAUSE = ("a write through .data, .detach() or under torch.no_grad() produced this value "
               "outside autograd.")
 _CUT_FIX = ("compute it with differentiable ops, or wrap the kernel in a torch.autograd.Function "
@@ -83,11 +87,6 @@ def _first_backward(ex: Any, sink: Sink) -> None:
             sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "
                          "backward #1.", argument=name, mismatch=m,
                          likely_cause=_AFTER_FORWARD if forward_differs else kink_cause(ex, g, m))
-
-
-_AFTER_FORWARD = ("the forward values already differ on this example (the forward or mutation "
-                  "finding): the gradients may differ only because of them; fix the forward "
-                  "first.")
 
 
 def _at(values: list[Any] | None, i: int) -> Any:

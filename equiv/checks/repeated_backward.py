@@ -55,7 +55,7 @@ def _repeat(ex: Any, sink: Sink) -> None:
                      oracle=lambda i=i: None if oracle(2) is None else oracle(2)[i],
                      baseline=lambda i=i: None if baseline(2) is None else baseline(2)[i])
         if m is not None:
-            again = _first_again(ex, i)
+            again = _first_again(ex, i, name)
             sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "
                          "backward #2 (a second cotangent through the retained graph).",
                          argument=name, mismatch=m,
@@ -64,13 +64,13 @@ def _repeat(ex: Any, sink: Sink) -> None:
                          kink_cause(ex, pairing.groups[i], m))
 
 
-def _first_again(ex: Any, i: int) -> str:
-    """The line saying backward #3 (the first cotangent again) differs from #1, or ""."""
+def _first_again(ex: Any, i: int, name: str) -> str:
+    """The line saying backward #3 (the first cotangent again) differs from #1 for the
+    gradient ``i`` (``name``), or ""."""
     b1, b3 = ex.backward(1), ex.backward(3)
     if b3.error is not None:
         return (f"backward #3 (the first cotangent again) raised {type(b3.error).__name__} "
                 "where backward #1 returned")
-    name = ex.template.group_name(ex.pairing().groups[i])
     m = compare_leaf(b3.grads[i], b1.grads[i], rtol=ex.spec.rtol, atol=ex.spec.atol, path=name)
     if m is None:
         return ""

@@ -75,7 +75,7 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
         return None
     seen = set(found.message.splitlines())  # assert_close's lines, less those already given
     extra = [ln for ln in m.message.splitlines() if ln not in seen]
-    head = ["against the per-dtype default tolerance (torch.testing.assert_close):"] if extra else []
+    head = ["against the per-dtype default tolerance (torch.testing.assert_close):"][:len(extra)]
     return dataclasses.replace(found, message="\n".join([found.message, *head, *extra]))
 
 
