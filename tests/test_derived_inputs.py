@@ -649,4 +649,6 @@ def test_complex_values_are_judged_against_a_complex128_oracle():
                          raise_on_failure=False)
     f = next(f for f in report.findings if f.check == "gradients")
     assert f.rule == "baseline" and "vs complex128" in f.message, f.message
+    verdict = next(ln for ln in f.render().splitlines() if "verdict:" in ln)
+    assert "vs complex128" in verdict, verdict
     assert not any("no float64 oracle" in n for n in report.notes), report.notes
