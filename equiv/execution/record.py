@@ -604,8 +604,7 @@ class Execution:
         cots = [c.detach().to(device=o.device, dtype=o.dtype) for c, o in zip(given, outs)]
         terms = term_magnitude(self.template, group, run.side, outs, cots)
         gen = torch.Generator().manual_seed(self.cot_seed + 104729 * n)
-        probe = [torch.randn(c.shape, generator=gen, dtype=c.dtype).to(c.device) * c.abs().mean()
-                 for c in cots]
+        probe = [cotangent(c, gen) * c.abs().mean() for c in cots]  # cheap for big tensors
         other = term_magnitude(self.template, group, run.side, outs, probe)
         return terms if other is None or terms is None else torch.maximum(terms, other)
 

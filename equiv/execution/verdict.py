@@ -202,6 +202,13 @@ def term_magnitude(template: Template, group: Any, side: Side, outs: list[torch.
         if g is None:
             continue
         s = template.slots[j]
-        idx = positions.as_strided(s.size, s.stride, s.offset).reshape(-1)
-        out.index_add_(0, idx, g.detach().abs().to("cpu", torch.float64).reshape(-1))
+        size, magnitude = list(s.size), g.detach().abs().to("cpu", torch.float64)
+        # the elements along a stride-0 dim share one storage element: summed before scattering
+        zero = [d for d, st in enumerate(s.stride) if st == 0 and s.size[d] > 1]
+        if zero:
+            magnitude = magnitude.sum(dim=zero, keepdim=True)
+            for d in zero:
+                size[d] = 1
+        idx = positions.as_strided(size, s.stride, s.offset).reshape(-1)
+        out.index_add_(0, idx, magnitude.reshape(-1))
     return out
