@@ -298,6 +298,7 @@ class Execution:
         self.out_snapshot: Any = None
         self._pairing: Pairing | None = None
         self._cots: list[list[torch.Tensor]] | None = None
+        self._laid: dict[int, list[torch.Tensor | None]] = {}
         self._ref_grads: dict[int, tuple[list[torch.Tensor], BaseException | None]] = {}
         self._backwards: list[Backward] = []
         self._nodes: list[Any] | None = None
@@ -384,7 +385,10 @@ class Execution:
 
     def laid_out(self, n: int) -> list[torch.Tensor | None]:
         """Fresh tensors holding cotangent ``n``'s (1 or 2) values in the variant's layout."""
-        return self.cot_variant.lay_out(self.cotangents()[n - 1])
+        values = self.cotangents()[n - 1]
+        if n not in self._laid:  # one pristine copy in the layout, copied for every backward
+            self._laid[n] = self.cot_variant.lay_out(values)
+        return self.cot_variant.lay_out(values, self._laid[n])
 
     def cotangent_line(self) -> str:
         """The findings' line naming a non-contiguous, zero or undefined cotangent (or "")."""
