@@ -261,3 +261,17 @@ def test_simple_values_shrink_target():
     """The minimal tensor is the ascending half-integers (simple, distinct, no zero)."""
     t = draw_one(es.tensors(shape=(2, 2), dtype=torch.float32))
     assert t.tolist() == [[-1.5, -0.5], [0.5, 1.5]]
+
+
+def test_big_continuous_values_are_drawn_cheaply_and_still_differ_and_look_normal():
+    from strategies._tensors import CHEAP_VALUES_ABOVE, _values
+
+    shape = (CHEAP_VALUES_ABOVE // 100 + 3, 101)
+    v = _values(1, 7, shape, torch.float64, 2.0)
+    assert v.shape == shape and v.dtype == torch.float64
+    assert v.unique().numel() == v.numel()
+    assert torch.equal(v, _values(1, 7, shape, torch.float64, 2.0))  # seeded
+    assert not torch.isclose(v, _values(1, 8, shape, torch.float64, 2.0)).any()
+    assert 1.8 < v.std().item() < 2.2 and abs(v.mean().item()) < 0.3
+    c = _values(1, 7, shape, torch.complex64, 2.0)
+    assert c.dtype == torch.complex64 and c.real.unique().numel() > 0.99 * c.numel()
