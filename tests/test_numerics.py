@@ -708,6 +708,73 @@ def test_a_bf16_layer_norm_with_the_wrong_epsilon_fails():
     assert report.findings[0].check in ("forward", "gradients"), report.render()
 
 
+
+# -- a constant cotangent (what .sum() feeds back) through a gradient that cancels ---------------
+def _every_cotangent_expanded(monkeypatch):
+    import equiv.run
+    from equiv.variants import CotangentVariant
+
+    monkeypatch.setattr(equiv.run, "cotangent_variants",
+                        lambda: st.just(CotangentVariant("expanded")))
+
+
+def _softmax_rows():
+    return st.tuples(tensors(shape=st.tuples(st.integers(1, 4), st.integers(2, 64)),
+                             dtype=torch.float16, requires_grad=True))
+
+
+def _softmax_composite(x):
+    e = (x - x.amax(-1, keepdim=True)).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+def test_a_float16_softmax_composite_passes_a_constant_cotangent(monkeypatch):
+    """A constant cotangent makes softmax's gradient cancel to exactly 0 (the reference's, in
+    float64 and at float16), while a float16 composite rounds terms of the size of s * c: the
+    floor is taken at the size the gradient has for a random cotangent of the same size."""
+    _every_cotangent_expanded(monkeypatch)
+
+    @equivalent_to(lambda x: torch.softmax(x, -1), inputs=_softmax_rows())
+    def softmax(x):
+        return _softmax_composite(x)
+
+    for seed in (0, 1):
+        report = equiv.check(softmax, settings=equiv.settings(
+            seed=seed, max_examples=40, modes=("eager",),
+            hypothesis_settings=hypothesis.settings(database=None)), raise_on_failure=False)
+        assert report.ok, report.render()
+
+
+class _SoftmaxDropsTheSum(torch.autograd.Function):
+    """softmax's backward without the ``- sum(s * c)`` term: exact for a cotangent that sums
+    to 0, wrong for a constant one."""
+
+    @staticmethod
+    def forward(ctx, x):
+        s = _softmax_composite(x)
+        ctx.save_for_backward(s)
+        return s
+
+    @staticmethod
+    def backward(ctx, g):
+        (s,) = ctx.saved_tensors
+        return s * g
+
+
+def test_a_float16_softmax_backward_missing_a_term_fails_a_constant_cotangent(monkeypatch):
+    _every_cotangent_expanded(monkeypatch)
+
+    @equivalent_to(lambda x: torch.softmax(x, -1), inputs=_softmax_rows())
+    def softmax(x):
+        return _SoftmaxDropsTheSum.apply(x)
+
+    report = equiv.check(softmax, settings=equiv.settings(
+        seed=0, max_examples=40, modes=("eager",),
+        hypothesis_settings=hypothesis.settings(database=None)), raise_on_failure=False)
+    f = next(f for f in report.findings if f.check == "gradients")
+    assert "cotangent: expanded" in f.message and "differs from the reference" in f.headline
+
+
 # -- float32 precision differences pass; half precision bugs and float32 wrong values do not -----
 def _rows(dtype):
     return st.tuples(tensors(shape=st.tuples(st.integers(1, 4), st.integers(2, 200)),

@@ -562,10 +562,10 @@ class Execution:
         see :mod:`equiv.execution.verdict`). ``kind``: ``"outputs"``, ``"gradients"`` or
         ``"second-order"`` (the rule's ``k``); ``group``: the storage group of a gradient
         (an expanded argument's gradient sums many terms: a larger floor, taken at the size
-        of the terms when ``cotangent`` (1 or 2) names the record's cotangent)."""
+        of the terms when ``cotangent`` (1 or 2) names the record's cotangent; under an
+        expanded, constant cotangent also at the size the gradient has for a random one)."""
         terms = 1.0 if group is None else summed_terms(self.template, group)
-        magnitude = None if cotangent is None or group is None else (
-            lambda: self.oracle_terms(cotangent, group))
+        magnitude = self._magnitude(cotangent, group, terms)
         m = judge_leaf(name, actual, expected, rtol=self.spec.rtol, atol=self.spec.atol,
                        oracle=oracle, baseline=baseline, kind=kind, why=self.oracle_why,
                        device=self.device, terms=terms, cross=self.place.cross,
@@ -592,13 +592,24 @@ class Execution:
             "against float64 passed (a precision difference, not a wrong value)")
         return None
 
-    def oracle_terms(self, n: int, group: Any) -> torch.Tensor | None:
-        """``sum |term|`` of the oracle's gradient for cotangent ``n`` per storage element of
-        an overlapping ``group`` (:func:`~equiv.execution.verdict.term_magnitude`): the larger
-        of the terms for that cotangent and for a random one of the same mean size, so terms
-        that cancel exactly for a structured cotangent (a constant one through a
-        normalisation of a constant row) still set the floor at the size the implementation
-        rounds at."""
+    def _magnitude(self, n: int | None, group: Any, terms: float) -> Any:
+        """The lazy size of the terms a gradient for cotangent ``n`` sums, where the oracle's
+        own value can understate it, else None: an overlapping argument's summed terms; the
+        gradient for a random cotangent when the cotangent is one value expanded (a constant
+        cotangent through softmax or a normalisation cancels to exactly 0, which the
+        implementation reaches only up to the rounding of terms of that size)."""
+        if n is None or group is None:
+            return None
+        if terms > 1:
+            return lambda: self.oracle_terms(n, group)
+        if self.cot_variant.kind == "expanded":
+            return lambda: self.probe_magnitude(n, group)
+        return None
+
+    def _oracle_cotangents(self, n: int, probes: int = 1) -> tuple[
+            list[torch.Tensor], list[torch.Tensor], list[list[torch.Tensor]]] | None:
+        """The oracle's differentiated outputs, cotangent ``n`` at their dtype, and ``probes``
+        random cotangents of the same mean size (seeded); None when the oracle has none."""
         run = self.oracle()
         outs = [run.values.get(name) for name, _, _ in self.pairing().pairs]
         if run.side is None or not all(isinstance(o, torch.Tensor) and o.requires_grad
@@ -606,10 +617,41 @@ class Execution:
             return None
         outs, given = _defined(outs, self.cotangents()[n - 1])
         cots = [c.detach().to(device=o.device, dtype=o.dtype) for c, o in zip(given, outs)]
-        terms = term_magnitude(self.template, group, run.side, outs, cots)
         gen = torch.Generator().manual_seed(self.cot_seed + 104729 * n)
-        probe = [cotangent(c, gen) * c.abs().mean() for c in cots]  # cheap for big tensors
-        other = term_magnitude(self.template, group, run.side, outs, probe)
+        return outs, cots, [[cotangent(c, gen) * c.abs().mean() for c in cots]  # cheap if big
+                            for _ in range(probes)]
+
+    def probe_magnitude(self, n: int, group: Any) -> torch.Tensor | None:
+        """The oracle's gradient w.r.t. ``group`` for random cotangents of cotangent ``n``'s
+        mean size, root mean square over three (:meth:`_oracle_cotangents`; one alone can
+        cancel by chance): the size rounding errors of the terms add up to. None if unknown."""
+        found = self._oracle_cotangents(n, probes=3)
+        leaf = self.oracle().side.leaves[group.index] if found is not None else None
+        if found is None or leaf is None:
+            return None
+        outs, _, probes = found
+        squares = []
+        for probe in probes:
+            grads, err = vjp(outs, [leaf], probe)
+            if err is not None:
+                return None
+            squares.append(grads[0].abs().to(torch.float64) ** 2)
+        return (sum(squares) / len(squares)).sqrt()
+
+    def oracle_terms(self, n: int, group: Any) -> torch.Tensor | None:
+        """``sum |term|`` of the oracle's gradient for cotangent ``n`` per storage element of
+        an overlapping ``group`` (:func:`~equiv.execution.verdict.term_magnitude`): the larger
+        of the terms for that cotangent and for a random one of the same mean size, so terms
+        that cancel exactly for a structured cotangent (a constant one through a
+        normalisation of a constant row) still set the floor at the size the implementation
+        rounds at."""
+        found = self._oracle_cotangents(n)
+        if found is None:
+            return None
+        outs, cots, (probe,) = found
+        side = self.oracle().side
+        terms = term_magnitude(self.template, group, side, outs, cots)
+        other = term_magnitude(self.template, group, side, outs, probe)
         return terms if other is None or terms is None else torch.maximum(terms, other)
 
     def oracle_why(self) -> str | None:

@@ -50,7 +50,9 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
     when needed; ``why``: why there is no oracle, for a fallback's message; ``terms``: how many
     rounded terms each element sums (the floor grows as their square root); ``cross``: the
     reference was placed elsewhere (an inf/NaN only the baseline shares is an error);
-    ``magnitude``: the size of the summed terms per element (see :func:`term_magnitude`)."""
+    ``magnitude``: the size of the terms per element where ``|oracle|`` may understate it
+    (summed terms, :func:`term_magnitude`, or a cancelling gradient's size for a random
+    cotangent)."""
     if rtol is not None:
         return compare_leaf(actual, expected, rtol=rtol, atol=atol, path=name)
     m = compare_leaf(actual, expected, rtol=None, atol=None, path=name)
@@ -67,7 +69,7 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
         reason = why() or "the float64 reference has no value to compare this one with"
         fallback = judge_numbers(actual, None, b, dtype=actual.dtype, path=name, why=reason)
         return fallback
-    size = _get(magnitude) if terms > 1 else None  # sum |term|: the floor is taken there
+    size = _get(magnitude)  # the size of the terms: the floor is taken there
     ulps = FLOOR_ULPS_DEFAULTS[kind] * (1.0 if size is not None else max(terms, 1.0) ** 0.5)
     found = judge_numbers(actual, o, b, k=K_DEFAULTS[kind], floor_ulps=ulps, dtype=actual.dtype,
                           path=name, baseline_nonfinite=not cross, magnitude=size)
