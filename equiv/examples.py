@@ -70,7 +70,6 @@ def _is_simple(t: torch.Tensor) -> bool:
     return (
         t.storage_offset() == 0
         and t.numel() == n
-        and t.numel() > 0
         and _non_overlapping_and_dense(tuple(t.shape), tuple(t.stride()))
     )
 
@@ -257,7 +256,10 @@ class Template:
             if nonleaf:
                 lines.append(f"# {target} is written in place: pass a non-leaf copy of a leaf")
                 final_target, target = target, f"{target}_leaf"
-            if data is not None:
+            if vals.numel() == 0:  # torch.tensor([]) would lose the shape
+                lines.append(
+                    f"{target} = torch.empty({tuple(vals.shape)}, dtype={g.dtype}{dev}{rg})")
+            elif data is not None:
                 lines.append(f"{target} = torch.tensor({_literal(data)}, dtype={g.dtype}{dev}{rg})")
             else:
                 shape = tuple(vals.shape)

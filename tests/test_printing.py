@@ -60,6 +60,19 @@ def test_disjoint_views_are_named():
     assert "b=f32[3] cpu (disjoint view of a's storage, storage offset 4)" in t.describe("f")
 
 
+def test_an_empty_tensor_prints_as_a_plain_tensor():
+    t = Template(inspect.signature(f), Args(torch.empty(0, requires_grad=True),
+                                            torch.empty(0, 3), torch.ones(3)[3:],
+                                            torch.empty(2, 0).t()))
+    text, code = t.describe("f"), t.code("f")
+    assert "a=f32[0] cpu grad, b=f32[0,3] cpu, " in text, text  # no storage to show
+    assert "c=f32[0] cpu (storage offset 3, in a storage of 3 elements)" in text, text
+    assert "a = torch.empty((0,), dtype=torch.float32, requires_grad=True)" in code, code
+    assert "b = torch.empty((0, 3), dtype=torch.float32)" in code, code
+    got = rebuild(t)
+    assert [tuple(x.shape) for x in got] == [(0,), (0, 3), (0,), (0, 2)]
+
+
 @hypothesis.settings(max_examples=40, derandomize=True, database=None, deadline=None)
 @given(st.data())
 def test_printed_code_rebuilds_the_structure(data):
