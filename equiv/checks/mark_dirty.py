@@ -12,20 +12,17 @@ NAME = "mark-dirty"
 
 
 def run(ex: Execution, sink: Sink) -> None:
-    template = ex.template
-    side = ex.side()
-    before = [(t.grad_fn, t._version, t.requires_grad) for t in side.tensors]
-    result, exc = ex.call("impl", side)
-    if exc is not None:
-        return  # not reproducible on a fresh copy: the core checks report what they saw
-    nodes = function_nodes(result, [side.argument(a) for a in ex.spec.mutates])
+    template, side = ex.template, ex.impl_side
+    assert side is not None
+    before, after = ex.impl_history  # the core's call: the tensors' state around it
+    nodes = function_nodes(ex.impl_result, [side.argument(a) for a in ex.spec.mutates])
     seen: set[int] = set()
     for j, (slot, t) in enumerate(zip(template.slots, side.tensors)):
-        grad_fn, version, rg = before[j]
+        (grad_fn, version, rg), (grad_fn_after, version_after, _) = before[j], after[j]
         if id(t) in seen or not rg:
             continue
         seen.add(id(t))
-        if t._version == version or t.grad_fn is not grad_fn:
+        if version_after == version or grad_fn_after is not grad_fn:
             continue  # not written, or written and tracked (its history was rebased)
         owners = [n for n in nodes if edge_matches(n, t, grad_fn)]
         names = sorted({function_label(function_class(n)) for n in owners})
@@ -34,7 +31,7 @@ def run(ex: Execution, sink: Sink) -> None:
                  "ctx.mark_dirty, or under torch.no_grad())")
         consequence = _gradient_consequence(ex)
         history = type(grad_fn).__name__ if grad_fn is not None else "a leaf"
-        details = (f"version counter {version} -> {t._version} during the call, but its autograd "
+        details = (f"version counter {version} -> {version_after} during the call, but its autograd "
                    f"history is unchanged ({history}), so gradients through its new value skip "
                    "the write.")
         if consequence:

@@ -295,6 +295,10 @@ class Execution:
         self.finals: dict[str, Any] = {}
         self.consumed = False
         self.impl_versions: list[int] = []
+        #: each argument tensor's (grad_fn, version, requires_grad) just before and just after
+        #: the implementation's call
+        self.impl_history: tuple[list[tuple[Any, int, bool]], list[tuple[Any, int, bool]]] = (
+            [], [])
         self.out_snapshot: Any = None
         self._pairing: Pairing | None = None
         self._cots: list[list[torch.Tensor]] | None = None
@@ -804,7 +808,10 @@ def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
         _check_reference_pure(spec, template, ref_side, ref_before, ref_versions)
     impl_side = template.instantiate(device=place.device)
     ex.impl_side, ex.impl_versions = impl_side, impl_side.versions()
+    before = [(t.grad_fn, t._version, t.requires_grad) for t in impl_side.tensors]
     ex.impl_result, ex.impl_exc = call(ex.impl_fn, impl_side)
+    ex.impl_history = (before, [(t.grad_fn, t._version, t.requires_grad)
+                                for t in impl_side.tensors])
     for who, result in (("reference", ex.ref_result), ("implementation", ex.impl_result)):
         _strided_only(spec, who, result)
     if not ex.valid:
