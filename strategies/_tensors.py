@@ -134,15 +134,21 @@ _BLOCK = 1021  # prime: the tiled block's period does not line up with a row len
 
 
 def _normal(shape: tuple[int, ...], g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
-    """Standard normal values. Above :data:`CHEAP_VALUES_ABOVE` elements, in one element-wise
-    pass (a CPU ``randn`` of 1e6 elements costs ~4 ms, more than a relu's forward and backward):
-    a drawn row of ``_BLOCK`` normal values plus a drawn normal offset per row, scaled back to
-    unit variance, so every element differs and the values stay normal."""
-    n = _numel(shape)
-    if n <= CHEAP_VALUES_ABOVE:
+    """Standard normal values; above :data:`CHEAP_VALUES_ABOVE` elements :func:`tiled_normal`
+    (a CPU ``randn`` of 1e6 elements costs ~4 ms, more than a relu's forward and backward)."""
+    if _numel(shape) <= CHEAP_VALUES_ABOVE:
         return torch.randn(shape, generator=g, dtype=dtype)
-    block = torch.randn(_BLOCK, generator=g, dtype=dtype)
-    offsets = torch.randn(-(-n // _BLOCK), 1, generator=g, dtype=dtype)
+    return tiled_normal(shape, g, dtype)
+
+
+def tiled_normal(shape: tuple[int, ...], g: torch.Generator, dtype: torch.dtype,
+                 device: Any = None) -> torch.Tensor:
+    """Standard normal values in one element-wise pass: a drawn row of ``_BLOCK`` normal
+    values plus a drawn normal offset per row, scaled back to unit variance. Every element
+    differs, and so do two tensors drawn one after the other from ``g``."""
+    n = _numel(shape)
+    block = torch.randn(_BLOCK, generator=g, dtype=dtype).to(device)
+    offsets = torch.randn(-(-n // _BLOCK), 1, generator=g, dtype=dtype).to(device)
     values = torch.add(block, offsets, alpha=0.5).mul_(1.25 ** -0.5)
     return values.reshape(-1)[:n].reshape(shape)
 

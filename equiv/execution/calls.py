@@ -14,6 +14,7 @@ import torch
 
 from equiv._compat import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 from equiv.errors import InvalidArgument
+from equiv.strategies._tensors import tiled_normal
 from equiv.examples import Side, tensor_summary
 from equiv.modes import normalise_error
 
@@ -156,9 +157,10 @@ def clone_tree(tree: Any) -> Any:
     return tree_unflatten([x.clone() if isinstance(x, torch.Tensor) else x for x in flat], spec)
 
 
-#: above this many elements a cotangent is built cheaply (:func:`_cheap_cotangent`)
+#: above this many elements a cotangent is built cheaply
+#: (:func:`equiv.strategies._tensors.tiled_normal`: ``randn`` of 1e6 elements costs several
+#: clones)
 CHEAP_COTANGENT_ABOVE = 4096
-_BLOCK = 1021  # prime: the tiled block's period does not line up with a row length
 
 
 def cotangent(like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -166,20 +168,8 @@ def cotangent(like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     dtype = like.dtype if like.dtype in (torch.float32, torch.float64, torch.complex64,
                                          torch.complex128) else torch.float32
     if like.numel() > CHEAP_COTANGENT_ABOVE and not dtype.is_complex:
-        return _cheap_cotangent(like, gen, dtype)
+        return tiled_normal(tuple(like.shape), gen, dtype, like.device).to(like.dtype)
     return torch.randn(like.shape, generator=gen, dtype=dtype).to(like.dtype).to(like.device)
-
-
-def _cheap_cotangent(like: torch.Tensor, gen: torch.Generator,
-                     dtype: torch.dtype) -> torch.Tensor:
-    """A cotangent for a big tensor in one element-wise pass (``randn`` of 1e6 elements costs
-    several clones): a drawn row of ``_BLOCK`` normal values plus a drawn offset per row, so
-    every element (and each of two cotangents drawn one after the other) differs."""
-    n = like.numel()
-    block = torch.randn(_BLOCK, generator=gen, dtype=dtype).to(like.device)
-    offsets = torch.randn(-(-n // _BLOCK), 1, generator=gen, dtype=dtype).to(like.device)
-    values = torch.add(block, offsets, alpha=0.5).reshape(-1)[:n]
-    return values.reshape(like.shape).to(like.dtype)
 
 
 def vjp(outs: list[torch.Tensor], leaves_: list[torch.Tensor],
