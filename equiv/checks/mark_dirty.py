@@ -31,9 +31,9 @@ def run(ex: Execution, sink: Sink) -> None:
                  "ctx.mark_dirty, or under torch.no_grad())")
         consequence = _gradient_consequence(ex)
         history = type(grad_fn).__name__ if grad_fn is not None else "a leaf"
-        details = (f"version counter {version} -> {version_after} during the call, but its autograd "
-                   f"history is unchanged ({history}), so gradients through its new value skip "
-                   "the write.")
+        details = (f"version counter {version} -> {version_after} during the call, but its "
+                   f"autograd history is unchanged ({history}), so gradients through its new "
+                   "value skip the write.")
         if consequence:
             details += "\nGradient consequence on this example: " + consequence
         else:

@@ -14,9 +14,9 @@ import torch
 
 from equiv._compat import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 from equiv.errors import InvalidArgument
-from equiv.strategies._tensors import tiled_normal
 from equiv.examples import Side, tensor_summary
 from equiv.modes import normalise_error
+from equiv.strategies._tensors import tiled_normal
 
 
 def format_tb(exc: BaseException) -> str:
