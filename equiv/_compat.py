@@ -138,7 +138,6 @@ def compile_wrapper_errors() -> tuple[type[BaseException], ...]:
     return tuple(getattr(mod, n) for n in names if hasattr(mod, n))
 
 
-
 try:  # private helper of torch.testing since 1.12
     from torch.testing._comparison import default_tolerances as _default_tolerances
 except ImportError:  # moved: callers take assert_close's own path

@@ -356,12 +356,14 @@ class CotangentVariant:
             cots = [c.reshape(-1)[0].expand(c.shape).clone() if c.numel() else c for c in cots]
         return [None if u else c for c, u in zip(cots, self.dropped(len(cots)))]
 
-    def lay_out(self, cots: list[torch.Tensor | None],
-                laid: list[torch.Tensor | None] | None = None) -> list[torch.Tensor | None]:
-        """Fresh tensors holding ``cots``' values in this variant's layout; ``laid``: tensors
-        already in it, copied where that is cheaper (a transposing copy costs several clones)."""
-        if laid is not None and self.kind == "transposed":
-            return [None if c is None else c.clone() for c in laid]  # clone keeps the strides
+    @property
+    def copies_laid(self) -> bool:
+        """Whether a laid-out cotangent is cheaper to clone (``clone`` keeps its strides) than
+        to lay out again: a transposing copy costs several clones."""
+        return self.kind == "transposed"
+
+    def lay_out(self, cots: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Fresh tensors holding ``cots``' values in this variant's layout."""
         return [None if c is None else _cot_layout(self.kind, c) for c in cots]
 
     def describe(self, names: list[str], laid: list[torch.Tensor | None]) -> str:

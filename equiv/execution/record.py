@@ -390,9 +390,11 @@ class Execution:
     def laid_out(self, n: int) -> list[torch.Tensor | None]:
         """Fresh tensors holding cotangent ``n``'s (1 or 2) values in the variant's layout."""
         values = self.cotangents()[n - 1]
-        if n not in self._laid:  # one pristine copy in the layout, copied for every backward
+        if not self.cot_variant.copies_laid:
+            return self.cot_variant.lay_out(values)
+        if n not in self._laid:  # one pristine copy in the layout, cloned for every backward
             self._laid[n] = self.cot_variant.lay_out(values)
-        return self.cot_variant.lay_out(values, self._laid[n])
+        return [None if c is None else c.clone() for c in self._laid[n]]
 
     def cotangent_line(self) -> str:
         """The findings' line naming a non-contiguous, zero or undefined cotangent (or "")."""
@@ -639,7 +641,7 @@ class Execution:
             grads, err = vjp(outs, [leaf], probe)
             if err is not None:
                 return None
-            squares.append(grads[0].abs().to(torch.float64) ** 2)
+            squares.append(grads[0].to(torch.float64) ** 2)
         return (sum(squares) / len(squares)).sqrt()
 
     def oracle_terms(self, n: int, group: Any) -> torch.Tensor | None:
