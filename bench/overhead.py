@@ -1,9 +1,16 @@
 """Overhead of equiv's check(): its wall time ÷ just executing impl and ref (forward + 2
-backwards each) on the same number of examples, drawn from the same input strategy.
+backwards each) on the same number of examples. Two raws:
 
-Each round times the raw execution and check() back to back (the order alternates between
-rounds, so load on a shared machine hits both alike); the table shows the medians over the
-rounds and the median of the per-round ratios.
+- *drawn*: the examples the input strategy draws (contiguous tensors, contiguous cotangents);
+- *executed*: the examples check() executed, as it executed them: the input variants applied
+  (transposed, sliced, offset, expanded and aliased arguments, built as equiv builds them) and
+  each example's cotangent layout (strided, transposed, expanded, zero). A kernel on a sliced
+  argument of three times the storage, or with a transposed cotangent, costs more than on a
+  contiguous one: that is the kernel's cost on the example, not equiv's.
+
+Each round times the raws and check() back to back (the order alternates between rounds, so
+load on a shared machine hits all alike); the table shows the medians over the rounds and the
+median of the per-round ratios.
 
     python bench/overhead.py [--examples N] [--sizes 1000,1000000] [--rounds 5] [--device cpu]
 """
@@ -27,7 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import equiv  # noqa: E402
 from equiv import equivalent_to  # noqa: E402
+from equiv.examples import Template  # noqa: E402
 from equiv.strategies import tensors  # noqa: E402
+from equiv.variants import CONTIGUOUS  # noqa: E402
 from functions import ScaledTanh, scaled_tanh_ref  # noqa: E402
 
 _NAMES = itertools.count()
@@ -116,6 +125,48 @@ def raw_time(case: Case, examples, device: str = "cpu") -> float:
     return time.perf_counter() - start
 
 
+def executed_examples(fn, n: int, device: str = "cpu") -> list[tuple[Template, Any]]:
+    """The valid examples check() executes on ``n`` examples, as (template, cotangent variant):
+    the input variants applied, as check() built them."""
+    import equiv.run as run
+
+    seen: list[tuple[Template, Any]] = []
+    real = run.execute_example
+
+    def spy(spec, cfg, args, cot_seed, state, device_, **options):
+        outcome = real(spec, cfg, args, cot_seed, state, device_, **options)
+        if outcome.invalid is None and outcome.template is not None:
+            seen.append((outcome.template, options.get("cotangent", CONTIGUOUS)))
+        return outcome
+
+    run.execute_example = spy
+    try:
+        check_time(fn, n, device)
+    finally:
+        run.execute_example = real
+    return seen
+
+
+def raw_executed_time(case: Case, executed: list[tuple[Template, Any]],
+                      device: str = "cpu") -> float:
+    """:func:`raw_time` on the examples check() executed: each argument built as check() built
+    it (strides, storage offsets, aliasing), the cotangent in the example's layout (drawn
+    contiguous, as :func:`raw_time`'s: ``randn_like`` of a transposed output costs ~10x)."""
+    _sync(device)
+    start = time.perf_counter()
+    for template, cot_variant in executed:
+        for fn in (case.call, case.ref):
+            side = template.instantiate(device=device)
+            leaves = [t for t in side.leaves if t is not None]
+            out = side.call(fn)
+            values = torch.randn(out.shape, dtype=out.dtype, device=out.device)  # as raw_time's
+            (cot,) = cot_variant.lay_out(cot_variant.values([values]))
+            torch.autograd.grad(out, leaves, cot, retain_graph=True)
+            torch.autograd.grad(out, leaves, cot)
+    _sync(device)
+    return time.perf_counter() - start
+
+
 def check_time(fn, n: int, device: str = "cpu") -> tuple[float, int]:
     """Wall time of check() on ``n`` examples and the examples it ran."""
     cfg = equiv.settings(max_examples=n, seed=0, modes=("eager",), devices=(device,),
@@ -149,19 +200,25 @@ def measure(case: Case, shape, n: int, rounds: int, device: str = "cpu") -> dict
     fn = equivalent_to(case.ref, mutates=case.mutates, inputs=strategy,
                        name=f"bench.overhead.{next(_NAMES)}")(case.impl)
     _, ran = check_time(fn, n, device)  # warm-up, and how many examples check() runs
+    executed = executed_examples(fn, n, device)
     examples = [tuple(t.to(device) for t in ex) for ex in draw_examples(strategy, max(ran, 1))]
     raw_time(case, examples[:1], device)  # warm-up
-    raws, checks, draws = [], [], []
+    raw_executed_time(case, executed[:1], device)
+    raws, execs, checks, draws = [], [], [], []
     for r in range(rounds):
         if r % 2 == 0:
             raws.append(raw_time(case, examples, device))
+            execs.append(raw_executed_time(case, executed, device))
             checks.append(check_time(fn, n, device)[0])
         else:
             checks.append(check_time(fn, n, device)[0])
+            execs.append(raw_executed_time(case, executed, device))
             raws.append(raw_time(case, examples, device))
         draws.append(draw_time(fn, ran, device))
     return {"examples": ran, "check": statistics.median(checks), "raw": statistics.median(raws),
             "ratio": statistics.median(c / r for c, r in zip(checks, raws)),
+            "executed": statistics.median(execs),
+            "executed ratio": statistics.median(c / r for c, r in zip(checks, execs)),
             "draw ratio": statistics.median(d / r for d, r in zip(draws, raws))}
 
 
@@ -169,10 +226,13 @@ def bench(examples: int = 20, sizes: tuple[int, ...] = (1000, 1_000_000), rounds
           device: str = "cpu") -> str:
     """The overhead table (markdown) for every case at every size."""
     rows = [f"{rounds} interleaved rounds per row, device {device}, eager, default checks; "
-            f"ratio = median over rounds of check() / raw; drawing only = check()'s Hypothesis "
-            "test drawing the same number of examples with an empty body, / raw", "",
-            "| case | elements | examples | check() s | raw s | overhead ratio | drawing only |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "ratio = median over rounds of check() / raw (drawn: the strategy's examples; "
+            "executed: the examples check() executed, variants and cotangent layouts "
+            "included); drawing only = check()'s Hypothesis test drawing the same number of "
+            "examples with an empty body, / raw drawn", "",
+            "| case | elements | examples | check() s | raw drawn s | ratio (drawn) "
+            "| raw executed s | ratio (executed) | drawing only |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for numel in sizes:
         shape = _shape(numel)
         n = examples if numel < 100_000 else max(examples // 4, 3)
@@ -180,6 +240,7 @@ def bench(examples: int = 20, sizes: tuple[int, ...] = (1000, 1_000_000), rounds
             m = measure(case, shape, n, rounds, device)
             rows.append(f"| {case.label} | {shape[0] * shape[1]:,} | {m['examples']} | "
                         f"{m['check']:.3f} | {m['raw']:.3f} | {m['ratio']:.1f}x | "
+                        f"{m['executed']:.3f} | {m['executed ratio']:.1f}x | "
                         f"{m['draw ratio']:.1f}x |")
     table = "\n".join(rows)
     print(table)
