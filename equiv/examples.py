@@ -143,15 +143,19 @@ class Template:
 
     # -- building sides -------------------------------------------------------------------
     def instantiate(self, *, grad: bool = True, device: torch.device | str | None = None,
-                    dtype: torch.dtype | None = None, shuffled: bool = False) -> "Side":
+                    dtype: torch.dtype | None = None, shuffled: bool = False,
+                    fresh: Iterable[int] | None = None) -> "Side":
         """Fresh tensors with this example's structure (leaves for gradients when ``grad``).
 
         ``shuffled`` reverses each storage's values: same structure and value set, other values.
         ``dtype`` converts the floating-point storages (a float64 reference, for instance), and
         complex ones to the complex dtype of that precision (complex128 for float64).
+        ``fresh``: the indices of the groups that get new storage; the others are read-only
+        views of the example's stored values (nothing may write to them), which costs no copy.
         """
         leaves: list[torch.Tensor | None] = []
         group_args: list[torch.Tensor] = []
+        copied = None if fresh is None else set(fresh)
         for g in self.groups:
             values = g.values if device is None else g.values.to(device)
             if dtype is not None and values.dtype.is_floating_point:
@@ -161,13 +165,15 @@ class Template:
             if shuffled:
                 values = values.flip(0)
             rg = grad and g.requires_grad
+            view = copied is not None and g.index not in copied and not rg
             if g.simple:
                 s = self.slots[g.slots[0]]
                 # clone() keeps the strides of a non-overlapping dense tensor; version starts at 0
-                leaf = values.as_strided(s.size, s.stride, 0).clone().requires_grad_(rg)
+                leaf = values.as_strided(s.size, s.stride, 0)
+                leaf = leaf if view else leaf.clone().requires_grad_(rg)
                 work = leaf.clone() if (rg and g.mutated) else leaf
             else:
-                leaf = values.clone().requires_grad_(rg)
+                leaf = values if view else values.clone().requires_grad_(rg)
                 work = leaf.clone() if (rg and g.mutated) else leaf
             leaves.append(leaf if rg else None)
             group_args.append(work)

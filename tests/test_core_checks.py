@@ -585,6 +585,58 @@ def test_a_mutating_reference_is_a_registration_error():
         equiv.check(relu_copy, settings=FAST)
 
 
+class _DoublingRef(torch.autograd.Function):
+    """A reference Function whose backward doubles the cotangent it is handed in place: its
+    gradient is right, and the cotangent it was given changes."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.mul_(2)
+
+
+def _doubling(scale):
+    class Doubling(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * scale
+
+    return Doubling
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_a_reference_backward_writing_its_cotangent_spoils_no_verdict(trusted, monkeypatch):
+    """The reference's VJP never writes the values the implementation's backward gets: a
+    correct implementation passes, a wrong backward fails on its own numbers. ``trusted``: the
+    Function is taken for torch's own formulas, so it is handed the values themselves; its
+    write moves their version counter, and the values are drawn again for a copy."""
+    if trusted:
+        monkeypatch.setattr("equiv.execution.record.builtin_only", lambda *trees: True)
+    def doubled_ref(x):
+        return _DoublingRef.apply(x)
+
+    @equivalent_to(doubled_ref, inputs=one())
+    def double(x):
+        return _doubling(2).apply(x)
+
+    @equivalent_to(doubled_ref, inputs=one())
+    def double_bad_backward(x):
+        return _doubling(3).apply(x)
+
+    assert equiv.check(double, settings=FAST).ok
+    report = failure(double_bad_backward)
+    f = next(f for f in report.findings if f.check == "gradients")
+    assert "gradient w.r.t. 'x' differs from the reference on backward #1" in f.headline
+    assert "forward" not in checks_of(report)
+
+
 # --------------------------------------------------------------------------- several findings
 def test_several_distinct_findings_are_all_reported():
     @equivalent_to(relu_ref, inputs=one())

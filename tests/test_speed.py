@@ -172,3 +172,70 @@ def test_term_magnitudes_of_expanded_and_overlapping_views_match_a_scatter_of_ev
         want.index_add_(0, idx, g.abs().reshape(-1))
     torch.testing.assert_close(got, want)
     assert got[:5].min() > 0 and got[5:].min() > 0
+
+
+def _execution(fn, *args, seed=0):
+    from equiv.examples import Args
+    from equiv.execution.record import Placement, execute
+    from equiv.spec import get_spec
+
+    spec = get_spec(fn)
+    place = Placement("eager", "eager", "cpu", spec.impl, None, None, None)
+    return execute(spec, equiv.settings(costly_share=0.25), Args(*args), seed, place)
+
+
+def test_the_reference_vjp_of_torch_formulas_takes_the_cotangent_values_uncopied():
+    """A reference of torch's own formulas gets the cotangent's values (no copy); its gradient
+    is never that tensor itself, even for an identity; a custom Function reference gets a
+    copy."""
+    from equiv.execution.graph import builtin_only
+
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    for ref, builtin in ((lambda x: x.clone(), True), (lambda x: _Stale.apply(x), False)):
+        @equivalent_to(ref)
+        def impl(x):
+            return x.clone()
+
+        ex = _execution(impl, x, seed=1)
+        grads, err = ex.ref_grads(1)
+        values = ex.cotangents()[0][0]
+        assert err is None and ex._ref_builtin is builtin
+        assert builtin_only([r for _, _, r in ex.pairing().pairs]) is builtin
+        assert grads[0].data_ptr() != values.data_ptr()
+        torch.testing.assert_close(grads[0], values * (2 * x.detach() if not builtin else 1))
+
+
+def test_outputs_are_snapshot_only_where_the_costly_checks_run():
+    @equivalent_to(torch.relu)
+    def relu(x):
+        return torch.relu(x)
+
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    cfg = equiv.settings(costly_share=0.25)
+    seeds = {cfg.costly(s): s for s in range(1, 50)}
+    assert _execution(relu, x, seed=seeds[True]).snapshotted
+    ex = _execution(relu, x, seed=seeds[False])
+    assert not ex.snapshotted and ex.out_snapshot is None
+
+
+def test_the_expected_state_copies_only_what_the_reference_wrote():
+    """The mutation check's expected state: a view of the drawn values for an argument the
+    reference leaves alone, a copy holding the final values for a mutated one; the drawn
+    values themselves never change."""
+    from equiv.execution.record import expected_state
+
+    @equivalent_to(lambda p, g: p - g, mutates={"p": "out"})
+    def sub_(p, g):
+        return p.sub_(g)
+
+    p, g = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    ex = _execution(sub_, p, g)
+    drawn = [grp.values.clone() for grp in ex.template.groups]
+    side, _ = expected_state(ex)
+    p_group, g_group = ex.template.groups
+    assert side.tensors[1].data_ptr() == g_group.values.data_ptr()
+    assert side.tensors[0].data_ptr() != p_group.values.data_ptr()
+    torch.testing.assert_close(side.tensors[0], p - g)
+    for grp, before in zip(ex.template.groups, drawn):
+        assert torch.equal(grp.values, before)
+

@@ -36,6 +36,26 @@ def function_nodes(*trees: Any) -> list[Any]:
     return found
 
 
+def builtin_only(*trees: Any) -> bool:
+    """Whether every autograd node reachable from the tensors in ``trees`` is one of torch's own
+    derivative formulas, which never write the gradients they are handed: no custom Function,
+    no C++ extension node (``CppNode<...>``); False when the graph exceeds the walk's bound."""
+    node_t = custom_function_node_type()
+    stack = [leaf.grad_fn for tree in trees for leaf in tree_flatten(tree)[0]
+             if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        if len(seen) >= _MAX_NODES or isinstance(node, node_t) or \
+                type(node).__module__ != "builtins" or type(node).__name__.startswith("CppNode"):
+            return False
+        seen.add(id(node))
+        stack.extend(n for n, _ in getattr(node, "next_functions", ()))
+    return True
+
+
 def function_class(node: Any) -> type | None:
     return getattr(node, "_forward_cls", None)
 

@@ -17,7 +17,7 @@ from equiv.execution.calls import brief, call, cast_like, cotangent, detached_cl
 from equiv.execution.calls import isolated, user_error
 from equiv.execution.calls import leaves as leaves_of
 from equiv.execution.calls import vjp
-from equiv.execution.graph import function_nodes
+from equiv.execution.graph import builtin_only, function_nodes
 from equiv.execution.verdict import (
     FD_MAX_ELEMENTS,
     fd_check,
@@ -300,10 +300,12 @@ class Execution:
         self.impl_history: tuple[list[tuple[Any, int, bool]], list[tuple[Any, int, bool]]] = (
             [], [])
         self.out_snapshot: Any = None
+        self.snapshotted = False  # out_snapshot taken (on the examples the costly checks run)
         self._pairing: Pairing | None = None
         self._cots: list[list[torch.Tensor]] | None = None
         self._laid: dict[int, list[torch.Tensor | None]] = {}
         self._ref_grads: dict[int, tuple[list[torch.Tensor], BaseException | None]] = {}
+        self._ref_builtin: bool | None = None  # the reference's graph is torch's formulas only
         self._backwards: list[Backward] = []
         self._nodes: list[Any] | None = None
         self.cache: dict[str, Any] = {}  # derived evidence shared by checks (e.g. a replay)
@@ -412,10 +414,26 @@ class Execution:
         return [side.leaves[g.index] for g in p.groups]
 
     def ref_grads(self, n: int) -> tuple[list[torch.Tensor], BaseException | None]:
-        """The reference's VJP for cotangent ``n`` (1 or 2), at the implementation's dtype."""
+        """The reference's VJP for cotangent ``n`` (1 or 2), at the implementation's dtype.
+
+        A reference graph of torch's own formulas gets the cotangent's values themselves (the
+        layout is the implementation's test; no copy); one with a custom Function or extension
+        node gets a fresh laid-out copy, as the implementation does, since its backward might
+        write what it is handed."""
         if n not in self._ref_grads:
-            outs, cots = _defined([r for _, _, r in self.pairing().pairs], self.laid_out(n))
+            refs = [r for _, _, r in self.pairing().pairs]
+            if self._ref_builtin is None:
+                self._ref_builtin = builtin_only(refs)
+            values = self._ref_builtin
+            outs, cots = _defined(refs, self.cotangents()[n - 1] if values else self.laid_out(n))
+            versions = [c._version for c in cots]
             grads, err = vjp(outs, self.leaves("ref"), cots)
+            if values and [c._version for c in cots] != versions:  # written after all: the
+                self._cots, self._laid, self._ref_builtin = None, {}, False  # seeded values again
+                return self.ref_grads(n)
+            # a gradient that IS the cotangent (an identity's backward passes it on) is copied
+            grads = [g.clone() if values and any(g.data_ptr() == c.data_ptr() for c in cots)
+                     else g for g in grads]
             if err is None and self.place.cross:
                 grads = [g.to(device=i.device, dtype=i.dtype)
                          for g, i in zip(grads, self.leaves("impl"))]
@@ -801,9 +819,11 @@ def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
     argument, or its result does not hold the declared mutated arguments' final values)."""
     template = Template(spec.signature, example, spec.mutates.keys())
     ex = Execution(spec, cfg, cot_seed, place, template)
-    ref_side = template.instantiate(device=place.ref_device or place.device,
-                                    dtype=place.ref_dtype)
-    ref_before, ref_versions = ref_side.snapshot(), ref_side.versions()
+    ref_place = dict(device=place.ref_device or place.device, dtype=place.ref_dtype)
+    ref_side = template.instantiate(**ref_place)
+    # the drawn values the reference must leave unchanged: views of the template's, no copy
+    ref_before = template.instantiate(grad=False, fresh=(), **ref_place).tensors
+    ref_versions = ref_side.versions()
     ex.ref_side = ref_side
     ex.ref_result, ex.ref_exc = call(ex.ref_fn, ref_side)
     if ex.ref_exc is None:
@@ -824,7 +844,8 @@ def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
         expected = cast_like(expected, ex.impl_result)
         finals = {a: cast_like(f, impl_side.argument(a)) for a, f in finals.items()}
     ex.expected, ex.finals, ex.consumed = expected, finals, consumed
-    ex.out_snapshot = detached_clone(ex.impl_result)
+    if cfg.costly(cot_seed):  # output-stability's evidence (a costly check)
+        ex.out_snapshot, ex.snapshotted = detached_clone(ex.impl_result), True
     return ex
 
 
@@ -862,7 +883,9 @@ def expected_state(ex: Execution) -> tuple[Side, dict[int, torch.Tensor]]:
 def state_with(template: Template, finals: dict[str, Any], device: Any,
                dtype: torch.dtype | None = None) -> tuple[Side, dict[int, torch.Tensor]]:
     """:func:`expected_state` for any final values (``dtype``: that of the floating slots)."""
-    expected = template.instantiate(grad=False, device=device, dtype=dtype)
+    written = {template.slots[j].group for j, slot in enumerate(template.slots)
+               if slot.path.split("[")[0] in finals}
+    expected = template.instantiate(grad=False, device=device, dtype=dtype, fresh=written)
     unrepresentable: dict[int, torch.Tensor] = {}
     with torch.no_grad():
         for arg, final in finals.items():
