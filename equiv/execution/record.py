@@ -394,9 +394,17 @@ class Execution:
         values = self.cotangents()[n - 1]
         if not self.cot_variant.copies_laid:
             return self.cot_variant.lay_out(values)
-        if n not in self._laid:  # one pristine copy in the layout, cloned for every backward
-            self._laid[n] = self.cot_variant.lay_out(values)
-        return [None if c is None else c.clone() for c in self._laid[n]]
+        return [None if c is None else c.clone() for c in self._pristine(n)]
+
+    def _pristine(self, n: int) -> list[torch.Tensor | None]:
+        """Cotangent ``n`` in the variant's layout, never handed to the implementation: the
+        values themselves where the layout is theirs (contiguous, zero), else one laid-out copy
+        that :meth:`laid_out` clones (transposed)."""
+        if not self.cot_variant.copies_laid:
+            return self.cotangents()[n - 1]
+        if n not in self._laid:
+            self._laid[n] = self.cot_variant.lay_out(self.cotangents()[n - 1])
+        return self._laid[n]
 
     def cotangent_line(self) -> str:
         """The findings' line naming a non-contiguous, zero or undefined cotangent (or "")."""
@@ -416,16 +424,17 @@ class Execution:
     def ref_grads(self, n: int) -> tuple[list[torch.Tensor], BaseException | None]:
         """The reference's VJP for cotangent ``n`` (1 or 2), at the implementation's dtype.
 
-        A reference graph of torch's own formulas gets the cotangent's values themselves (the
-        layout is the implementation's test; no copy); one with a custom Function or extension
-        node gets a fresh laid-out copy, as the implementation does, since its backward might
-        write what it is handed."""
+        Both sides get the cotangent in the same layout (a reduction in backward then sums in
+        the same order). A reference graph of torch's own formulas, which never write what
+        they are handed, gets the :meth:`_pristine` tensors (no copy) where they exist; one
+        with a custom Function or extension node gets a fresh laid-out copy, as the
+        implementation does."""
         if n not in self._ref_grads:
             refs = [r for _, _, r in self.pairing().pairs]
             if self._ref_builtin is None:
                 self._ref_builtin = builtin_only(refs)
-            values = self._ref_builtin
-            outs, cots = _defined(refs, self.cotangents()[n - 1] if values else self.laid_out(n))
+            values = self._ref_builtin and self.cot_variant.kind in _PRISTINE_KINDS
+            outs, cots = _defined(refs, self._pristine(n) if values else self.laid_out(n))
             versions = [c._version for c in cots]
             grads, err = vjp(outs, self.leaves("ref"), cots)
             if values and [c._version for c in cots] != versions:  # written after all: the
@@ -800,6 +809,10 @@ class ContractRun:
     result: Any
     exc: BaseException | None
     versions: list[int]
+
+
+#: cotangent layouts whose :meth:`Execution._pristine` tensors exist without extra work
+_PRISTINE_KINDS = ("contiguous", "zero", "transposed")
 
 
 def _defined(outs: list[torch.Tensor], cots: list[torch.Tensor | None],
