@@ -35,8 +35,8 @@ class CheckRow:
     ``"valid"`` only where both sides returned; ``"function"`` also needs a custom
     ``autograd.Function`` node in the implementation's graph; ``"clean"`` needs a valid example
     on which no earlier check found anything (its extra runs would only repeat a known bug).
-    ``costly``: its extra runs cost several times the example's own; it runs on a drawn share
-    of the examples (``settings(costly_share=...)``).
+    ``costly``: its extra runs cost several times the example's own; it runs on a share of
+    the examples (``settings(costly_share=...)``).
     """
 
     name: str

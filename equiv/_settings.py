@@ -17,6 +17,10 @@ ALL_CHECKS: tuple[str, ...] = CHECK_NAMES
 _DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128", "int8",
            "int16", "int32", "int64", "uint8", "bool")
 
+#: the cotangent seed of explicit examples (``examples=``): above the drawn seeds
+#: (0 .. 2**31 - 1), so the runner knows them (the costly checks run on every one)
+EXPLICIT_SEED = 2**31
+
 
 def _dtype_name(d: Any) -> str:
     name = d if isinstance(d, str) else str(d)
@@ -110,9 +114,10 @@ class settings:
     #: or some of them; a skip of any other requested mode is not a pass
     allow_skip: tuple[str, ...] = ()
     #: the share of examples the costly checks (catalog rows marked costly: the schedules, the
-    #: no-grad path, state across calls, output stability, double backward) run on: one in
-    #: ``round(1 / costly_share)``, chosen by the example's drawn seed (so a failure found there
-    #: shrinks like any other; explicit ``examples=`` always); 1.0 runs them on every example
+    #: no-grad path, state across calls, output stability, double backward) and the default
+    #: memory bound run on: the first valid example and one in ``round(1 / costly_share)``
+    #: after it; explicit ``examples=`` and, once an example has failed, every later one (so
+    #: a failure found there shrinks and replays like any other); 1.0 runs them on every one
     costly_share: float = 0.25
 
     _profiles: ClassVar[dict[str, "settings"]] = {}
@@ -156,13 +161,10 @@ class settings:
         object.__setattr__(self, "tolerances", _tolerance_triples(self.tolerances))
         object.__setattr__(self, "allow_skip", skippable(self.allow_skip, "settings"))
 
-    def costly(self, cot_seed: int) -> bool:
-        """Whether the costly checks run on the example drawn with ``cot_seed`` (a mix of the
-        seed, so Hypothesis's favourite small seeds spread; seed 0, the shrink target and the
-        explicit examples' seed, always)."""
-        period = max(round(1 / self.costly_share), 1)
-        mixed = ((cot_seed * 0x9E3779B1) & 0xFFFFFFFF) >> 8
-        return mixed % period == 0
+    @property
+    def costly_period(self) -> int:
+        """The costly checks run on one drawn example in this many (``round(1 / share)``)."""
+        return max(round(1 / self.costly_share), 1)
 
     def tolerance(self, dtype: Any) -> tuple[float, float] | None:
         """The (rtol, atol) configured for ``dtype`` (a name or torch dtype), or None for

@@ -225,6 +225,9 @@ class ModeRun:
         self.ran: set[str] = set()
         #: valid examples the costly checks ran on (``settings(costly_share=...)``)
         self.costly_examples = 0
+        #: an example of this mode produced findings: every later one runs the costly checks
+        #: (so Hypothesis's shrinking and replay of a costly check's finding reproduce it)
+        self.failing = False
         self.compared: set[str] = set()
         self.uncompared: dict[str, str] = {}
         self.ref_device: str | None = None  # where the reference runs, when not beside impl

@@ -79,15 +79,17 @@ def rows_for(cfg: Settings, kind: str) -> list[CheckRow]:
 
 def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun,
                     device: str, *, place: Placement | None = None,
-                    cotangent: CotangentVariant = CONTIGUOUS) -> Outcome:
-    """Execute one example in ``state``'s mode and run every applicable check on it, with
-    ``cotangent`` the layout of the cotangents every backward of the core is handed; what the
-    checks ran and compared on a valid example is added to ``state``'s account."""
+                    cotangent: CotangentVariant = CONTIGUOUS, costly: bool = True) -> Outcome:
+    """Execute one example in ``state``'s mode and run every applicable check on it (the
+    costly ones only when ``costly``), with ``cotangent`` the layout of the cotangents every
+    backward of the core is handed; what the checks ran and compared on a valid example is
+    added to ``state``'s account."""
     mode = state.mode
     sink = Sink(spec, cfg, place.mode if place is not None else mode.name, device)
     check_mutated(spec, args)
     with isolated(config=True):  # the Dynamo config user code may set, once per example
-        outcome = _execute(spec, cfg, args, cot_seed, state, device, place, sink, cotangent)
+        outcome = _execute(spec, cfg, args, cot_seed, state, device, place, sink, cotangent,
+                           costly)
     if outcome.invalid is None:
         state.cover(sink.ran, sink.compared, sink.uncompared)
     return outcome
@@ -95,7 +97,7 @@ def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: 
 
 def _execute(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun,
              device: str, place: Placement | None, sink: Sink,
-             cotangent: CotangentVariant) -> Outcome:
+             cotangent: CotangentVariant, costly: bool) -> Outcome:
     mode = state.mode
     kind = place.kind if place is not None else mode.kind
     if kind == "vmap":
@@ -122,7 +124,7 @@ def _execute(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun
     if spec.write_only:  # the implementation's side: write-only buffers hold NaN at each call
         place = dataclasses.replace(place, impl_fn=poisoning(
             spec.signature, spec.write_only, place.impl_fn or spec.impl))
-    ex = execute(spec, cfg, args, cot_seed, place)
+    ex = execute(spec, cfg, args, cot_seed, place, costly)
     ex.error_input = isinstance(args, ErrorArgs)
     ex.cot_variant = cotangent
     if kind == "functionalize" and ex.ref_exc is None and _unsupported(ex.impl_exc):
@@ -164,7 +166,7 @@ def _run_rows(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
             continue
         if row.needs == "clean" and sink.findings:
             continue
-        if row.costly and not cfg.costly(getattr(ex, "cot_seed", 0)):
+        if row.costly and not getattr(ex, "costly", True):
             continue
         sink.ran.add(row.name)
         try:

@@ -16,7 +16,7 @@ from hypothesis.errors import FlakyFailure, Unsatisfiable
 from equiv._args import as_args
 from equiv._catalog import CHECK_NAMES
 from equiv._contracts import ErrorArgs
-from equiv._settings import SKIPPABLE
+from equiv._settings import EXPLICIT_SEED, SKIPPABLE
 from equiv._settings import settings as Settings
 from equiv.compare import dtype_tolerances
 from equiv._catalog import ROWS
@@ -46,11 +46,12 @@ class _Found(Exception):
     distinct bugs separately and shrinks each)."""
 
     def __init__(self, findings: list[Finding], example: Any = None, cot_seed: int = 0,
-                 cotangent: CotangentVariant = CONTIGUOUS) -> None:
+                 cotangent: CotangentVariant = CONTIGUOUS, costly: bool = True) -> None:
         super().__init__(findings[0].headline)
         self.findings = findings
         # for attribution and replay
         self.example, self.cot_seed, self.cotangent = example, cot_seed, cotangent
+        self.costly = costly
 
 
 _SIGNALS: dict[str, type[_Found]] = {}
@@ -299,7 +300,7 @@ def _hypothesis_test(spec: Spec, cfg: Settings, mode: Mode, device: str, run_see
     )
     wrapped = hypothesis.given(strategy)(test)
     for ex in spec.examples:
-        wrapped = hypothesis.example(((ex, NO_VARIANT), 0, CONTIGUOUS))(wrapped)
+        wrapped = hypothesis.example(((ex, NO_VARIANT), EXPLICIT_SEED, CONTIGUOUS))(wrapped)
     if run_seed is not None:
         wrapped = hypothesis.seed(run_seed)(wrapped)
     wrapped = hyp(wrapped)
@@ -328,9 +329,10 @@ class _ModeDriver:
             args = as_args(example)
         except TypeError as e:
             raise _Abort(InvalidArgument(f"equivalent_to(inputs=...) produced a bad example: {e}"))
+        costly = self._costly(cot_seed)
         try:
             outcome = execute_example(self.spec, self.cfg, args, cot_seed, state, self.device,
-                                      cotangent=cotangent)
+                                      cotangent=cotangent, costly=costly)
         except NotCompiled:
             return
         except InvalidArgument as e:
@@ -343,11 +345,20 @@ class _ModeDriver:
                                     f"variant {variant.description!r} (must raise or match)"]
             hypothesis.reject()
         state.examples += 1
-        state.costly_examples += self.cfg.costly(cot_seed)
+        state.costly_examples += costly
         if outcome.findings:
             self.stats["first_failure"] = self.stats["first_failure"] or self.stats["runs"]
+            state.failing = True
             findings = self._described(outcome, variant, args)
-            raise _signal(findings[0].check)(findings, args, cot_seed, cotangent)
+            raise _signal(findings[0].check)(findings, args, cot_seed, cotangent, costly)
+
+    def _costly(self, cot_seed: int) -> bool:
+        """Whether the costly checks run on this example: the first valid example and every
+        ``costly_period``-th after it (so the share run is the setting's, whatever seeds
+        Hypothesis favours), explicit examples, and every example once one has failed."""
+        state = self.state
+        return (cot_seed >= EXPLICIT_SEED or state.failing
+                or state.examples % self.cfg.costly_period == 0)
 
     def _described(self, outcome: Outcome, variant: Variant, args: Any) -> list[Finding]:
         spec, template = self.spec, outcome.template
@@ -552,7 +563,7 @@ def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str,
         return findings
     try:
         again = execute_example(spec, cfg, found.example, found.cot_seed, state, device,
-                                cotangent=found.cotangent)
+                                cotangent=found.cotangent, costly=found.costly)
     except (NotCompiled, InvalidArgument):
         return findings
     if not {f.check for f in again.findings} & {f.check for f in findings}:
@@ -563,7 +574,7 @@ def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str,
     eager_place = Placement("eager", "eager", device, None, None, state.ref_device,
                             state.ref_dtype)
     eager = execute_example(spec, cfg, found.example, found.cot_seed, state, device,
-                            cotangent=found.cotangent, place=eager_place)
+                            cotangent=found.cotangent, costly=found.costly, place=eager_place)
     eager_checks = {f.check for f in eager.findings}
     ref_diverges: set[str] = set()
     if mode.kind in ("compile", "functionalize"):
@@ -571,7 +582,8 @@ def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str,
         try:
             ref_place = Placement(mode.name, mode.kind, device, state.ref_fn())
             ref_out = execute_example(ref_spec, cfg, found.example, found.cot_seed, state,
-                                      device, cotangent=found.cotangent, place=ref_place)
+                                      device, cotangent=found.cotangent, costly=found.costly,
+                                      place=ref_place)
             ref_diverges = {f.check for f in ref_out.findings}
         except (NotCompiled, InvalidArgument):
             pass
@@ -586,7 +598,8 @@ def _write_only_read(spec: Spec, cfg: Settings, state: ModeRun, device: str, fou
     if not spec.write_only:
         return findings
     clean = execute_example(dataclasses.replace(spec, write_only=()), cfg, found.example,
-                            found.cot_seed, state, device, cotangent=found.cotangent)
+                            found.cot_seed, state, device, cotangent=found.cotangent,
+                            costly=found.costly)
     gone = {f.check for f in findings} - {f.check for f in clean.findings}
     names = ", ".join(repr(n) for n in spec.write_only)
     line = (f"write-only argument {names} was read: the implementation was handed it filled "

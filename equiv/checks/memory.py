@@ -2,8 +2,8 @@
 ``max_retained_bytes=``): peak bytes over forward + backward and bytes the graph keeps alive after
 forward, measured by the core's storage tracker (:mod:`equiv.memory`).
 
-Without a declared contract, a loose default: on a share of the examples (one in four, drawn
-with the example's seed; explicit ``examples=`` always) the bytes the implementation's graph
+Without a declared contract, a loose default: on the examples the costly checks run on
+(``settings(costly_share=...)``; explicit ``examples=`` always) the bytes the implementation's graph
 keeps alive after forward are measured (one more forward, no tracker); more than 1 MiB and more
 than 8x the reference's is a finding (typically a saved small view of a huge storage)."""
 
@@ -19,7 +19,6 @@ NAME = "memory"
 #: the default sanity bound without a declared contract
 DEFAULT_RATIO = 8
 DEFAULT_MIN_BYTES = 1 << 20
-SHARE = 4  # measured on one example in SHARE
 
 
 def run(ex: Execution, sink: Sink) -> None:
@@ -58,7 +57,7 @@ def run(ex: Execution, sink: Sink) -> None:
 
 
 def _default(ex: Execution, sink: Sink) -> None:
-    if ex.cot_seed % SHARE:
+    if not ex.costly:
         return
     impl = ex.retained("impl")
     if impl is None or impl.retained_bytes <= DEFAULT_MIN_BYTES:

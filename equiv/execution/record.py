@@ -301,6 +301,7 @@ class Execution:
             [], [])
         self.out_snapshot: Any = None
         self.snapshotted = False  # out_snapshot taken (on the examples the costly checks run)
+        self.costly = True  # the costly checks run on this example
         self._pairing: Pairing | None = None
         self._cots: list[list[torch.Tensor]] | None = None
         self._laid: dict[int, list[torch.Tensor | None]] = {}
@@ -825,13 +826,15 @@ def _defined(outs: list[torch.Tensor], cots: list[torch.Tensor | None],
 
 
 def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
-            place: Placement) -> Execution:
-    """Run both sides once on ``example`` and build the record (see :class:`Execution`).
+            place: Placement, costly: bool = True) -> Execution:
+    """Run both sides once on ``example`` and build the record (see :class:`Execution`);
+    ``costly``: the costly checks run on it.
 
     Raises :class:`ReferenceError_` when the reference breaks its contract (it modified an
     argument, or its result does not hold the declared mutated arguments' final values)."""
     template = Template(spec.signature, example, spec.mutates.keys())
     ex = Execution(spec, cfg, cot_seed, place, template)
+    ex.costly = costly
     ref_place = dict(device=place.ref_device or place.device, dtype=place.ref_dtype)
     ref_side = template.instantiate(**ref_place)
     # the drawn values the reference must leave unchanged: views of the template's, no copy
@@ -857,7 +860,7 @@ def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
         expected = cast_like(expected, ex.impl_result)
         finals = {a: cast_like(f, impl_side.argument(a)) for a, f in finals.items()}
     ex.expected, ex.finals, ex.consumed = expected, finals, consumed
-    if cfg.costly(cot_seed):  # output-stability's evidence (a costly check)
+    if costly:  # output-stability's evidence (a costly check)
         ex.out_snapshot, ex.snapshotted = detached_clone(ex.impl_result), True
     return ex
 
