@@ -840,3 +840,26 @@ def test_a_half_rounding_level_finding_says_why_it_is_still_reported():
     text = describe(m)
     assert "not a wrong value" not in text
     assert "in float16 that is how accumulating in float16 shows, so it is reported" in text
+
+
+def test_the_probe_magnitude_of_a_complex_gradient_is_its_modulus():
+    """The gradient floor's probe of a complex gradient is |g| (no cast that drops the
+    imaginary part, and warns, on the way to float64)."""
+    import warnings
+
+    from equiv.examples import Args
+    from equiv.execution.record import Placement, execute
+    from equiv.spec import get_spec
+
+    @equivalent_to(lambda x: x * (1 + 2j))
+    def rotate(x):
+        return x * (1 + 2j)
+
+    spec = get_spec(rotate)
+    x = torch.randn(6, dtype=torch.complex64, requires_grad=True)
+    place = Placement("eager", "eager", "cpu", spec.impl, None, None, None)
+    ex = execute(spec, equiv.settings(), Args(x), 3, place)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = ex.probe_magnitude(1, ex.template.groups[0])
+    assert m is not None and m.dtype == torch.float64 and bool((m > 0).all())

@@ -669,7 +669,7 @@ class Execution:
             grads, err = vjp(outs, [leaf], probe)
             if err is not None:
                 return None
-            squares.append(grads[0].to(torch.float64) ** 2)
+            squares.append(grads[0].abs().to(torch.float64) ** 2)  # |complex| too
         return (sum(squares) / len(squares)).sqrt()
 
     def oracle_terms(self, n: int, group: Any) -> torch.Tensor | None:
