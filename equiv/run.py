@@ -449,9 +449,10 @@ def _costly_note(cfg: Settings, mode: Mode, state: ModeRun) -> list[str]:
     if not costly or cfg.costly_share >= 1 or not state.examples:
         return []
     ran = [c for c in costly if c in state.ran] or costly
+    after = ", and on every example after the first failure" if state.failing else ""
     return [f"mode {mode.name}: the costly checks ({', '.join(ran)}) ran on "
             f"{state.costly_examples} of {state.examples} examples "
-            f"(settings(costly_share={cfg.costly_share:g}))"]
+            f"(settings(costly_share={cfg.costly_share:g}){after})"]
 
 
 def _run_level(spec: Spec, mode: Mode, device: str, check: str, headline: str,

@@ -96,6 +96,8 @@ def test_a_schedule_bug_is_still_caught_and_shrunk_at_the_default_share():
     assert "mutate-after-forward[x]" in f.headline
     assert "x=f32[" in f.example or "x=f64[" in f.example
     assert [r.status for r in report.runs] == ["FAIL"]  # shrunk and replayed: not flaky
+    note = next(n for n in report.notes if "costly checks" in n)
+    assert "on every example after the first failure" in note
 
 
 def test_the_report_says_on_how_many_examples_the_costly_checks_ran():
