@@ -228,6 +228,7 @@ class ModeRun:
         #: an example of this mode produced findings: every later one runs the costly checks
         #: (so Hypothesis's shrinking and replay of a costly check's finding reproduce it)
         self.failing = False
+        self.after_failure = 0  # examples run once one had failed
         self.compared: set[str] = set()
         self.uncompared: dict[str, str] = {}
         self.ref_device: str | None = None  # where the reference runs, when not beside impl

@@ -330,6 +330,7 @@ class _ModeDriver:
         except TypeError as e:
             raise _Abort(InvalidArgument(f"equivalent_to(inputs=...) produced a bad example: {e}"))
         costly = self._costly(cot_seed)
+        state.after_failure += state.failing
         try:
             outcome = execute_example(self.spec, self.cfg, args, cot_seed, state, self.device,
                                       cotangent=cotangent, costly=costly)
@@ -449,7 +450,7 @@ def _costly_note(cfg: Settings, mode: Mode, state: ModeRun) -> list[str]:
     if not costly or cfg.costly_share >= 1 or not state.examples:
         return []
     ran = [c for c in costly if c in state.ran] or costly
-    after = ", and on every example after the first failure" if state.failing else ""
+    after = ", and on every example after the first failure" if state.after_failure else ""
     return [f"mode {mode.name}: the costly checks ({', '.join(ran)}) ran on "
             f"{state.costly_examples} of {state.examples} examples "
             f"(settings(costly_share={cfg.costly_share:g}){after})"]
