@@ -357,6 +357,11 @@ class CotangentVariant:
         return [None if u else c for c, u in zip(cots, self.dropped(len(cots)))]
 
     @property
+    def holds_values(self) -> bool:
+        """Whether a laid-out cotangent is a plain copy of the values, in their own layout."""
+        return self.kind in ("contiguous", "zero")
+
+    @property
     def copies_laid(self) -> bool:
         """Whether a laid-out cotangent is cheaper to clone (``clone`` keeps its strides) than
         to lay out again: a transposing copy costs several clones."""

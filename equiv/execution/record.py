@@ -392,17 +392,19 @@ class Execution:
 
     def laid_out(self, n: int) -> list[torch.Tensor | None]:
         """Fresh tensors holding cotangent ``n``'s (1 or 2) values in the variant's layout."""
-        values = self.cotangents()[n - 1]
-        if not self.cot_variant.copies_laid:
-            return self.cot_variant.lay_out(values)
-        return [None if c is None else c.clone() for c in self._pristine(n)]
+        pristine = self._pristine(n) if self.cot_variant.copies_laid else None
+        if pristine is not None:
+            return [None if c is None else c.clone() for c in pristine]
+        return self.cot_variant.lay_out(self.cotangents()[n - 1])
 
-    def _pristine(self, n: int) -> list[torch.Tensor | None]:
-        """Cotangent ``n`` in the variant's layout, never handed to the implementation: the
-        values themselves where the layout is theirs (contiguous, zero), else one laid-out copy
-        that :meth:`laid_out` clones (transposed)."""
-        if not self.cot_variant.copies_laid:
+    def _pristine(self, n: int) -> list[torch.Tensor | None] | None:
+        """Cotangent ``n`` in the variant's layout, never handed to the implementation, where
+        it exists without extra work: the values themselves (contiguous, zero), or the one
+        laid-out copy that :meth:`laid_out` clones (transposed); else None."""
+        if self.cot_variant.holds_values:
             return self.cotangents()[n - 1]
+        if not self.cot_variant.copies_laid:
+            return None
         if n not in self._laid:
             self._laid[n] = self.cot_variant.lay_out(self.cotangents()[n - 1])
         return self._laid[n]
@@ -434,16 +436,16 @@ class Execution:
             refs = [r for _, _, r in self.pairing().pairs]
             if self._ref_builtin is None:
                 self._ref_builtin = builtin_only(refs)
-            values = self._ref_builtin and self.cot_variant.kind in _PRISTINE_KINDS
-            outs, cots = _defined(refs, self._pristine(n) if values else self.laid_out(n))
+            shared = self._pristine(n) if self._ref_builtin else None
+            outs, cots = _defined(refs, self.laid_out(n) if shared is None else shared)
             versions = [c._version for c in cots]
             grads, err = vjp(outs, self.leaves("ref"), cots)
-            if values and [c._version for c in cots] != versions:  # written after all: the
-                self._cots, self._laid, self._ref_builtin = None, {}, False  # seeded values again
+            if shared is not None and [c._version for c in cots] != versions:  # written after
+                self._cots, self._laid, self._ref_builtin = None, {}, False  # all: draw again
                 return self.ref_grads(n)
-            # a gradient that IS the cotangent (an identity's backward passes it on) is copied
-            grads = [g.clone() if values and any(g.data_ptr() == c.data_ptr() for c in cots)
-                     else g for g in grads]
+            if shared is not None:  # a gradient that IS the cotangent (an identity's
+                ptrs = {c.data_ptr() for c in cots}  # backward passes it on) is copied
+                grads = [g.clone() if g.data_ptr() in ptrs else g for g in grads]
             if err is None and self.place.cross:
                 grads = [g.to(device=i.device, dtype=i.dtype)
                          for g, i in zip(grads, self.leaves("impl"))]
@@ -810,10 +812,6 @@ class ContractRun:
     result: Any
     exc: BaseException | None
     versions: list[int]
-
-
-#: cotangent layouts whose :meth:`Execution._pristine` tensors exist without extra work
-_PRISTINE_KINDS = ("contiguous", "zero", "transposed")
 
 
 def _defined(outs: list[torch.Tensor], cots: list[torch.Tensor | None],
