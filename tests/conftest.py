@@ -6,7 +6,9 @@ import hypothesis
 import pytest
 
 import equiv
-from equiv.spec import _REGISTRY
+from equiv.examples import Args
+from equiv.execution.record import Execution, Placement, execute
+from equiv.spec import _REGISTRY, get_spec
 
 
 @pytest.fixture(autouse=True)
@@ -22,3 +24,10 @@ def _isolated_registry():
 #: (settings() inherits the loaded profile, whose modes include compile[aot_eager])
 FAST = equiv.settings(max_examples=15, seed=1234, modes=("eager",),
                       hypothesis_settings=hypothesis.settings(database=None))
+
+
+def execution(fn, *args, seed=0, costly=True) -> Execution:
+    """The core's record of one eager CPU example of the spec of ``fn`` (white-box tests)."""
+    spec = get_spec(fn)
+    place = Placement("eager", "eager", "cpu", spec.impl, None, None, None)
+    return execute(spec, equiv.settings(), Args(*args), seed, place, costly)

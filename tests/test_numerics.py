@@ -20,7 +20,7 @@ from equiv.numerics import (K_DEFAULTS, NumericMismatch, Observed, cast_args, ch
                             run_reference, ulp, upcast)
 from equiv.strategies import tensors
 
-from conftest import FAST
+from conftest import FAST, execution
 
 F64 = torch.float64
 
@@ -847,18 +847,11 @@ def test_the_probe_magnitude_of_a_complex_gradient_is_its_modulus():
     imaginary part, and warns, on the way to float64)."""
     import warnings
 
-    from equiv.examples import Args
-    from equiv.execution.record import Placement, execute
-    from equiv.spec import get_spec
-
     @equivalent_to(lambda x: x * (1 + 2j))
     def rotate(x):
         return x * (1 + 2j)
 
-    spec = get_spec(rotate)
-    x = torch.randn(6, dtype=torch.complex64, requires_grad=True)
-    place = Placement("eager", "eager", "cpu", spec.impl, None, None, None)
-    ex = execute(spec, equiv.settings(), Args(x), 3, place)
+    ex = execution(rotate, torch.randn(6, dtype=torch.complex64, requires_grad=True), seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         m = ex.probe_magnitude(1, ex.template.groups[0])

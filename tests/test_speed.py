@@ -12,6 +12,8 @@ from equiv import equivalent_to
 from equiv._catalog import CATALOG
 from equiv.execution.calls import CHEAP_COTANGENT_ABOVE, cotangent
 
+from conftest import execution
+
 
 def _cfg(**options) -> equiv.settings:
     options = {"max_examples": 40, **options}
@@ -211,16 +213,6 @@ def test_term_magnitudes_of_expanded_and_overlapping_views_match_a_scatter_of_ev
     assert got[:5].min() > 0 and got[5:].min() > 0
 
 
-def _execution(fn, *args, seed=0, costly=True):
-    from equiv.examples import Args
-    from equiv.execution.record import Placement, execute
-    from equiv.spec import get_spec
-
-    spec = get_spec(fn)
-    place = Placement("eager", "eager", "cpu", spec.impl, None, None, None)
-    return execute(spec, equiv.settings(), Args(*args), seed, place, costly)
-
-
 def test_the_reference_vjp_of_torch_formulas_takes_the_cotangent_values_uncopied():
     """A reference of torch's own formulas gets the cotangent's values (no copy); its gradient
     is never that tensor itself, even for an identity; a custom Function reference gets a
@@ -233,7 +225,7 @@ def test_the_reference_vjp_of_torch_formulas_takes_the_cotangent_values_uncopied
         def impl(x):
             return x.clone()
 
-        ex = _execution(impl, x, seed=1)
+        ex = execution(impl, x, seed=1)
         grads, err = ex.ref_grads(1)
         values = ex.cotangents()[0][0]
         assert err is None and ex._ref_builtin is builtin
@@ -248,8 +240,8 @@ def test_outputs_are_snapshot_only_where_the_costly_checks_run():
         return torch.relu(x)
 
     x = torch.randn(5, dtype=torch.float64, requires_grad=True)
-    assert _execution(relu, x, costly=True).snapshotted
-    ex = _execution(relu, x, costly=False)
+    assert execution(relu, x, costly=True).snapshotted
+    ex = execution(relu, x, costly=False)
     assert not ex.snapshotted and ex.out_snapshot is None
 
 
@@ -264,7 +256,7 @@ def test_the_expected_state_copies_only_what_the_reference_wrote():
         return p.sub_(g)
 
     p, g = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
-    ex = _execution(sub_, p, g)
+    ex = execution(sub_, p, g)
     drawn = [grp.values.clone() for grp in ex.template.groups]
     side, _ = expected_state(ex)
     p_group, g_group = ex.template.groups
