@@ -157,23 +157,26 @@ class Template:
         group_args: list[torch.Tensor] = []
         copied = None if fresh is None else set(fresh)
         for g in self.groups:
-            values = g.values if device is None else g.values.to(device)
-            if dtype is not None and values.dtype.is_floating_point:
-                values = values.to(dtype)
-            elif dtype is not None and values.dtype.is_complex and dtype in _COMPLEX_OF:
-                values = values.to(_COMPLEX_OF[dtype])  # the same precision, complex
-            if shuffled:
-                values = values.flip(0)
+            values = self._converted(g, device, dtype)
             rg = grad and g.requires_grad
             view = copied is not None and g.index not in copied and not rg
             if g.simple:
                 s = self.slots[g.slots[0]]
-                # clone() keeps the strides of a non-overlapping dense tensor; version starts at 0
+                # clone() and flip() keep the strides of a non-overlapping dense tensor and
+                # return a new tensor (no view), version 0; reversing the whole storage of such
+                # a tensor is flipping every dim
                 leaf = values.as_strided(s.size, s.stride, 0)
-                leaf = leaf if view else leaf.clone().requires_grad_(rg)
+                if shuffled:
+                    leaf = leaf.flip(tuple(range(leaf.dim()))).requires_grad_(rg)
+                else:
+                    leaf = leaf if view else leaf.clone().requires_grad_(rg)
                 work = leaf.clone() if (rg and g.mutated) else leaf
             else:
-                leaf = values if view else values.clone().requires_grad_(rg)
+                if shuffled:
+                    values = values.flip(0)
+                # a converted or reversed storage is already new: no second copy
+                owned = values is not g.values
+                leaf = values if view else (values if owned else values.clone()).requires_grad_(rg)
                 work = leaf.clone() if (rg and g.mutated) else leaf
             leaves.append(leaf if rg else None)
             group_args.append(work)
@@ -199,6 +202,18 @@ class Template:
         bound = inspect.BoundArguments(self.signature, arguments)  # type: ignore[arg-type]
         tensors = [out[i] for i in sorted(self._slot_of_leaf)]
         return Side(bound, leaves, tensors, self)
+
+    @staticmethod
+    def _converted(g: Group, device: Any, dtype: torch.dtype | None) -> torch.Tensor:
+        """``g``'s stored values on ``device`` in ``dtype`` (floating and complex storages
+        only; complex to the complex dtype of that precision); the stored tensor itself when
+        nothing changes."""
+        values = g.values if device is None else g.values.to(device)
+        if dtype is not None and values.dtype.is_floating_point:
+            values = values.to(dtype)
+        elif dtype is not None and values.dtype.is_complex and dtype in _COMPLEX_OF:
+            values = values.to(_COMPLEX_OF[dtype])
+        return values
 
     # -- printing -------------------------------------------------------------------------
     def describe(self, name: str) -> str:

@@ -10,7 +10,10 @@ import torch
 import equiv
 from equiv import equivalent_to
 from equiv._catalog import CATALOG
+from equiv.checks import no_grad, output_stability, state_across_calls
+from equiv.examples import Template
 from equiv.execution.calls import CHEAP_COTANGENT_ABOVE, cotangent
+from equiv.execution.record import Sink, judge_run
 
 from conftest import execution
 
@@ -266,3 +269,66 @@ def test_the_expected_state_copies_only_what_the_reference_wrote():
     for grp, before in zip(ex.template.groups, drawn):
         assert torch.equal(grp.values, before)
 
+
+
+def test_output_stability_and_state_across_calls_share_one_call_on_new_values():
+    """The costly checks' extra calls: output-stability's second call on new values is the
+    first of state-across-calls' three, so a clean costly example calls the implementation
+    1 (core) + 2 (no-grad) + 3 (state across calls) times outside the schedules."""
+    calls = []
+
+    @equivalent_to(lambda x: x * 2)
+    def double(x):
+        calls.append(1)
+        return x * 2
+
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    ex = execution(double, x)
+    sink = Sink(ex.spec, ex.cfg, "eager", "cpu")
+    for module in (no_grad, output_stability, state_across_calls):
+        module.run(ex, sink)
+    assert not sink.findings and len(calls) == 1 + 2 + 3
+
+
+def test_a_side_holding_the_reversed_values_reverses_each_storage():
+    """instantiate(shuffled=True) reverses each storage into new memory (a dense tensor by
+    flipping its dims, in one copy): the values and strides of the reversed storage."""
+    base = torch.arange(12.0, dtype=torch.float64).reshape(3, 4)
+    x, y = base.t(), torch.arange(5.0, dtype=torch.float64)[1::2]  # transposed; a sliced view
+    ex = execution(lambda_pair, x, y)
+    side = ex.template.instantiate(shuffled=True, grad=False)
+    for slot, t in zip(ex.template.slots, side.tensors):
+        g = ex.template.groups[slot.group]
+        want = g.values.flip(0).as_strided(slot.size, slot.stride, slot.offset)
+        assert torch.equal(t, want) and t.stride() == slot.stride
+        assert t.untyped_storage().data_ptr() != g.values.untyped_storage().data_ptr()
+    assert side.tensors[0]._base is None  # a new tensor, not a view of a reversed copy
+
+
+@equivalent_to(lambda x, y: x.sum() + y.sum())
+def lambda_pair(x, y):
+    return x.sum() + y.sum()
+
+
+def test_judge_run_copies_only_the_mutated_arguments():
+    """A contract run's target state views the drawn values of an argument nobody writes."""
+    copies = []
+    real = Template.instantiate
+
+    def spy(self, **options):
+        copies.append(options.get("fresh"))
+        return real(self, **options)
+
+    @equivalent_to(lambda p, g: p - g, mutates={"p": "out"})
+    def sub_(p, g):
+        return p.sub_(g)
+
+    p, g = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    ex = execution(sub_, p, g)
+    run = ex.no_grad_run("inputs")
+    Template.instantiate = spy
+    try:
+        assert judge_run(ex, run, ex.expected, ex.finals) == []
+    finally:
+        Template.instantiate = real
+    assert copies == [{0}]

@@ -19,7 +19,7 @@ def run(ex: Execution, sink: Sink) -> None:
                      argument=m.path, mismatch=m, exact=True,
                      likely_cause="backward writes into a tensor the forward returned.")
         return
-    _, exc = ex.call("impl", ex.side(shuffled=True))
+    _, _, exc = ex.shuffled_call()
     if exc is not None:
         return  # the shuffled values may be invalid input: nothing to conclude
     for m in compare_trees(detached(ex.impl_result), ex.out_snapshot, rtol=0, atol=0,

@@ -776,13 +776,21 @@ class Execution:
         fn = self.spec.impl if which == "impl" else self.spec.ref
         return retained(fn, self.side())
 
+    def shuffled_call(self) -> tuple[Side, Any, BaseException | None]:
+        """The implementation on a fresh copy holding other values (every storage reversed),
+        called while the record's outputs are alive: (side, result, error). Cached: one run
+        serves every check that needs a second call on new values."""
+        if "shuffled-call" not in self.cache:
+            side = self.side(shuffled=True)
+            self.cache["shuffled-call"] = (side, *self.call("impl", side))
+        return self.cache["shuffled-call"]
+
     def call_again_after_update(self) -> tuple["ContractRun", "ContractRun"] | None:
         """Call the implementation, write new values into the same tensors in place (``copy_``
         under ``torch.no_grad()``, as an optimizer step does), call it again: (the second run,
         the implementation's run on fresh tensors holding the new values); None when a call
         raised."""
-        fresh = self.side(shuffled=True)  # what the implementation gives on new tensors
-        fresh_result, fresh_exc = self.call("impl", fresh)
+        fresh, fresh_result, fresh_exc = self.shuffled_call()  # what it gives on new tensors
         if fresh_exc is not None:
             return None
         side = self.side()
@@ -988,7 +996,8 @@ def judge_run(ex: Execution, run: ContractRun, expected: Any, finals: dict[str, 
     out: list[tuple[str, Mismatch]] = []
     if not (run.result is None and ex.consumed):
         out += [("output", m) for m in _judge_outputs(ex, run.result, expected, shuffled)]
-    target = template.instantiate(grad=False, device=ex.device, shuffled=shuffled)
+    written = {slot.group for slot in template.slots if slot.path.split("[")[0] in finals}
+    target = template.instantiate(grad=False, device=ex.device, shuffled=shuffled, fresh=written)
     with torch.no_grad():
         for arg, final in finals.items():
             for t, f in zip(tree_flatten(target.argument(arg))[0], tree_flatten(final)[0]):
