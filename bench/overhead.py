@@ -12,7 +12,14 @@ Each round times the raws and check() back to back (the order alternates between
 load on a shared machine hits all alike); the table shows the medians over the rounds and the
 median of the per-round ratios.
 
+Two floors beside them, each / raw drawn: *drawing only* is check()'s own Hypothesis test with a
+body that does nothing (inputs, variants, cotangent seed and layout drawn); *engine only* is
+Hypothesis running a body-less test that draws as many plain integers per example as check()'s
+test makes choices (the engine's own cost per example, whatever equiv draws).
+``--costly-share`` runs check() with ``settings(costly_share=...)`` (default: the profile's).
+
     python bench/overhead.py [--examples N] [--sizes 1000,1000000] [--rounds 5] [--device cpu]
+                             [--costly-share 0.25]
 """
 
 from __future__ import annotations
@@ -167,10 +174,15 @@ def raw_executed_time(case: Case, executed: list[tuple[Template, Any]],
     return time.perf_counter() - start
 
 
+#: ``settings(costly_share=...)`` for check() (None: the profile's)
+COSTLY_SHARE: list[float | None] = [None]
+
+
 def check_time(fn, n: int, device: str = "cpu") -> tuple[float, int]:
     """Wall time of check() on ``n`` examples and the examples it ran."""
+    share = {} if COSTLY_SHARE[0] is None else {"costly_share": COSTLY_SHARE[0]}
     cfg = equiv.settings(max_examples=n, seed=0, modes=("eager",), devices=(device,),
-                         hypothesis_settings=hypothesis.settings(database=None))
+                         hypothesis_settings=hypothesis.settings(database=None), **share)
     _sync(device)
     start = time.perf_counter()
     report = equiv.check(fn, settings=cfg)
@@ -178,19 +190,38 @@ def check_time(fn, n: int, device: str = "cpu") -> tuple[float, int]:
     return time.perf_counter() - start, report.examples_run
 
 
-def draw_time(fn, n: int, device: str = "cpu") -> float:
+def draw_time(fn, n: int, device: str = "cpu") -> tuple[float, int]:
     """Wall time of check()'s own Hypothesis test drawing ``n`` examples (inputs, variants,
-    cotangent seed and layout) with a body that does nothing: the floor of any check()."""
+    cotangent seed and layout) with a body that does nothing: the floor of any check(); and
+    the median number of choices it makes per example."""
+    from hypothesis.control import current_build_context
+
     from equiv.spec import get_spec
     from equiv.modes import parse_mode
     from equiv.run import _hypothesis_test
 
     cfg = equiv.settings(max_examples=n, seed=0, modes=("eager",), devices=(device,),
                          hypothesis_settings=hypothesis.settings(database=None))
+    choices: list[int] = []
     test = _hypothesis_test(get_spec(fn), cfg, parse_mode("eager"), device, 0,
-                            lambda *drawn: None)
+                            lambda *drawn: choices.append(
+                                len(current_build_context().data.choices)))
     start = time.perf_counter()
     test()
+    return time.perf_counter() - start, int(statistics.median(choices or [0]))
+
+
+def engine_time(choices: int, n: int) -> float:
+    """Wall time of Hypothesis running a body-less test of ``n`` examples that draws
+    ``choices`` plain integers each: the engine's own cost, whatever is drawn."""
+    @hypothesis.settings(max_examples=n, database=None, deadline=None, derandomize=True,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(st.tuples(*[st.integers(0, 2**31 - 1)] * max(choices, 1)))
+    def bare(drawn):
+        pass
+
+    start = time.perf_counter()
+    bare()
     return time.perf_counter() - start
 
 
@@ -204,7 +235,7 @@ def measure(case: Case, shape, n: int, rounds: int, device: str = "cpu") -> dict
     examples = [tuple(t.to(device) for t in ex) for ex in draw_examples(strategy, max(ran, 1))]
     raw_time(case, examples[:1], device)  # warm-up
     raw_executed_time(case, executed[:1], device)
-    raws, execs, checks, draws = [], [], [], []
+    raws, execs, checks, draws, engines = [], [], [], [], []
     for r in range(rounds):
         if r % 2 == 0:
             raws.append(raw_time(case, examples, device))
@@ -214,12 +245,16 @@ def measure(case: Case, shape, n: int, rounds: int, device: str = "cpu") -> dict
             checks.append(check_time(fn, n, device)[0])
             execs.append(raw_executed_time(case, executed, device))
             raws.append(raw_time(case, examples, device))
-        draws.append(draw_time(fn, ran, device))
+        drawn_s, choices = draw_time(fn, ran, device)
+        draws.append(drawn_s)
+        engines.append(engine_time(choices, ran))
     return {"examples": ran, "check": statistics.median(checks), "raw": statistics.median(raws),
             "ratio": statistics.median(c / r for c, r in zip(checks, raws)),
             "executed": statistics.median(execs),
             "executed ratio": statistics.median(c / r for c, r in zip(checks, execs)),
-            "draw ratio": statistics.median(d / r for d, r in zip(draws, raws))}
+            "draw ratio": statistics.median(d / r for d, r in zip(draws, raws)),
+            "engine ratio": statistics.median(e / r for e, r in zip(engines, raws)),
+            "choices": choices}
 
 
 def bench(examples: int = 20, sizes: tuple[int, ...] = (1000, 1_000_000), rounds: int = 5,
@@ -229,10 +264,13 @@ def bench(examples: int = 20, sizes: tuple[int, ...] = (1000, 1_000_000), rounds
             "ratio = median over rounds of check() / raw (drawn: the strategy's examples; "
             "executed: the examples check() executed, variants and cotangent layouts "
             "included); drawing only = check()'s Hypothesis test drawing the same number of "
-            "examples with an empty body, / raw drawn", "",
+            "examples with an empty body, / raw drawn; engine only = Hypothesis drawing as many "
+            "plain integers per example as that test makes choices, empty body, / raw drawn"
+            + ("" if COSTLY_SHARE[0] is None else f"; settings(costly_share={COSTLY_SHARE[0]:g})"),
+            "",
             "| case | elements | examples | check() s | raw drawn s | ratio (drawn) "
-            "| raw executed s | ratio (executed) | drawing only |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "| raw executed s | ratio (executed) | drawing only | engine only (choices) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for numel in sizes:
         shape = _shape(numel)
         n = examples if numel < 100_000 else max(examples // 4, 3)
@@ -241,7 +279,7 @@ def bench(examples: int = 20, sizes: tuple[int, ...] = (1000, 1_000_000), rounds
             rows.append(f"| {case.label} | {shape[0] * shape[1]:,} | {m['examples']} | "
                         f"{m['check']:.3f} | {m['raw']:.3f} | {m['ratio']:.1f}x | "
                         f"{m['executed']:.3f} | {m['executed ratio']:.1f}x | "
-                        f"{m['draw ratio']:.1f}x |")
+                        f"{m['draw ratio']:.1f}x | {m['engine ratio']:.1f}x ({m['choices']}) |")
     table = "\n".join(rows)
     print(table)
     return table
@@ -253,7 +291,10 @@ def main(argv=None) -> str:
     p.add_argument("--sizes", default="1000,1000000")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--costly-share", type=float, default=None,
+                   help="settings(costly_share=...) for check() (default: the profile's)")
     args = p.parse_args(argv)
+    COSTLY_SHARE[0] = args.costly_share
     return bench(args.examples, tuple(int(s) for s in args.sizes.split(",")), args.rounds,
                  args.device)
 
