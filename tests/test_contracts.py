@@ -87,6 +87,50 @@ def test_an_inplace_kernel_returning_its_argument_passes():
     passes(relu_)
 
 
+def _with_first_column(y):
+    return y, y[:, 0]
+
+
+def test_an_output_the_reference_returns_as_a_view_of_another_must_stay_one():
+    @equivalent_to(lambda x: _with_first_column(x * 2), inputs=one())
+    def doubled_and_column(x):
+        y = x * 2
+        return y, y[:, 0].clone()  # a write through output[0] no longer reaches output[1]
+
+    f = failure(doubled_and_column, equiv.AliasingMismatch, "aliasing")
+    assert f.headline.startswith("output[1] and output[0] are separate tensors, but the "
+                                 "reference returns output[1] as a view of output[0]")
+    assert "aliases={1: None}" in f.fix
+
+
+def test_a_view_of_a_mutated_arguments_final_value_may_be_a_view_of_the_argument():
+    """mutates={"x": 0} and a reference returning (y, y[:, 0]): the kernel's x[:, 0] is the
+    view the reference returns, and a copy there is the bug."""
+    @equivalent_to(lambda x: _with_first_column(torch.relu(x)), mutates={"x": 0}, inputs=one())
+    def relu_and_column_(x):
+        x.relu_()
+        return x, x[:, 0]
+
+    passes(relu_and_column_)
+
+    @equivalent_to(lambda x: _with_first_column(torch.relu(x)), mutates={"x": 0}, inputs=one())
+    def relu_and_column_copy_(x):
+        x.relu_()
+        return x, x[:, 0].clone()
+
+    f = failure(relu_and_column_copy_, equiv.AliasingMismatch, "aliasing")
+    assert "reference returns output[1] as a view of output[0]" in f.headline
+
+
+def test_aliases_declares_a_copy_of_another_outputs_view():
+    @equivalent_to(lambda x: _with_first_column(x * 2), inputs=one(), aliases={1: None})
+    def doubled_and_column_copy(x):
+        y = x * 2
+        return y, y[:, 0].clone()
+
+    passes(doubled_and_column_copy)
+
+
 def _qkv_inputs():
     return st.tuples(tensors(shape=(2, 4), dtype=torch.float64, requires_grad=True),
                      tensors(shape=(4, 12), dtype=torch.float64, requires_grad=True, salt=1))

@@ -7,7 +7,11 @@
 - An in-place kernel declared ``mutates={"x": "out"}`` that returns a tensor must return ``x``
   itself (same storage and view geometry), not a temporary holding its values.
 - Outputs aliasing each other are judged by element overlap, not shared storage: disjoint
-  ``chunk()`` views of one fused buffer are fine where the reference's are disjoint too.
+  ``chunk()`` views of one fused buffer are fine where the reference's are disjoint too; where
+  the reference's overlap (``return y, y[0]``), the implementation's must too (``aliases=
+  {location: None}`` declares a copy the contract). An output the reference returns as a view
+  of a mutated argument's final value (``mutates={"x": 0}``, ``return y, y[0]``) may be a view
+  of that argument.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ def run(ex: Any, sink: Sink) -> None:
     ref_by_path = dict(leaves(ex.ref_result))
     if _returns_argument(ex, sink):
         return
+    first = len(sink.findings)
     for path, t in impl_leaves:
         declared = _declared(ex, path)
         g = impl_groups.get(storage_key(t))
@@ -41,7 +46,7 @@ def run(ex: Any, sink: Sink) -> None:
             if want and g not in want:
                 _missing_view(ex, sink, path, want, declared)
                 continue
-        if g is None or g in _allowed_groups(ex, path):
+        if g is None or g in _allowed_groups(ex, path, ref_by_path):
             continue
         if declared is not False and (g == ref_g or g in _groups_of(template, declared)):
             continue  # the reference (or aliases=) makes it a view of the same input
@@ -56,6 +61,8 @@ def run(ex: Any, sink: Sink) -> None:
                  f"{names} in place and returns it, declare mutates={{{names!r}: 'out'}}."),
         )
     _outputs_overlapping(sink, impl_leaves, impl_groups, ref_by_path)
+    if len(sink.findings) == first:
+        _views_kept(ex, sink, impl_leaves, ref_by_path)
 
 
 def _missing_view(ex: Any, sink: Sink, path: str, want: set[int], declared: Any) -> None:
@@ -156,12 +163,53 @@ def _outputs_overlapping(sink: Sink, impl_leaves: list[tuple[str, torch.Tensor]]
             return
 
 
-def _allowed_groups(ex: Any, path: str) -> set[int]:
-    """Storage groups an output at ``path`` may share, by the mutates contract."""
+def _views_kept(ex: Any, sink: Sink, impl_leaves: list[tuple[str, torch.Tensor]],
+                ref_by_path: dict[str, Any]) -> None:
+    """Outputs the reference returns overlapping (one a view of the other) that the
+    implementation returns as separate tensors (a write through one no longer reaches the
+    other). Not under functionalize, whose programs may return equal new tensors."""
+    if ex.mode_kind == "functionalize":
+        return
+    for k, (path, t) in enumerate(impl_leaves):
+        for other, u in impl_leaves[:k]:
+            r, q = ref_by_path.get(path), ref_by_path.get(other)
+            if not (isinstance(r, torch.Tensor) and isinstance(q, torch.Tensor)) or \
+                    _declared(ex, path) is False or _declared(ex, other) is False:
+                continue
+            if not overlap(r, q) or overlap(t, u):
+                continue
+            sink.finding(NAME, f"output{path} and output{other} are separate tensors, but the "
+                         f"reference returns output{path} as a view of output{other} (they "
+                         "overlap in memory).", argument=f"output{path}",
+                         details="A caller that writes through one output expects the other "
+                                 "to change; with a copy the write goes nowhere.",
+                         fix=f"return output{path} as a view of output{other} (slicing, view, "
+                             f"no .clone()), or declare aliases={{{_location(path)}: None}} "
+                             "if a copy is the contract.")
+            return
+
+
+def _location(path: str) -> str:
+    """The ``aliases=`` key of the output at ``path`` (``[1]`` -> ``1``, ``['h']`` ->
+    ``'h'``, the whole result -> ``'out'``)."""
+    if not path:
+        return "'out'"
+    return path[1:].split("]")[0]
+
+
+def _allowed_groups(ex: Any, path: str, ref_by_path: dict[str, Any]) -> set[int]:
+    """Storage groups an output at ``path`` may share, by the mutates contract: a mutated
+    argument's, at the location of its final value, or where the reference's output shares
+    storage with that final value (a view of it)."""
     allowed = set()
+    r = ref_by_path.get(path)
     for arg, loc in ex.spec.mutates.items():
         prefix = "" if loc == "out" else f"[{loc!r}]"
-        if path.startswith(prefix):
+        final = [v for p, v in ref_by_path.items() if p.startswith(prefix)
+                 and isinstance(v, torch.Tensor)]
+        if path.startswith(prefix) or (
+                isinstance(r, torch.Tensor) and storage_key(r) is not None
+                and any(storage_key(v) == storage_key(r) for v in final)):
             allowed |= {s.group for s in ex.template.slots if s.path.split("[")[0] == arg}
     return allowed
 
