@@ -201,6 +201,19 @@ def run_one(spec: Spec, mode: Any, device: str, **check_options: Any) -> Result:
     return _verdict(report, str(mode), device, base)
 
 
+def nothing_ran(results: list[Result]) -> list[Result]:
+    """``results`` where every row of a spec whose every (mode, device) was skipped becomes
+    an error: nothing ran for that spec (each skip allowed or not), which is not a pass."""
+    specs = {r.spec for r in results}
+    empty = {s for s in specs if all(r.verdict == "skipped" for r in results if r.spec == s)}
+    return [dataclasses.replace(
+        r, verdict="error", kind="",
+        reason=f"every requested mode of {r.spec} was skipped "
+               f"({(r.reason.splitlines() or ['no reason given'])[0]}): nothing ran, which is "
+               "not a pass. Request a mode the implementation runs under, e.g. --modes eager.")
+        if r.spec in empty else r for r in results]
+
+
 def _escaped(spec: Spec, e: BaseException) -> str:
     """The reason of an exception that escaped a run: what it was, and where it came from."""
     import traceback

@@ -34,7 +34,10 @@ def _dtype_names(value: Any) -> tuple[str, ...]:
         )
     names = tuple(_dtype_name(d) for d in value)
     unknown = [n for n in names if n not in _DTYPES]
-    if unknown or not names:
+    if not names:
+        raise InvalidArgument(
+            f"settings(dtypes={value!r}) names no dtype: give at least one, e.g. ('float32',).")
+    if unknown:
         raise InvalidArgument(
             f"settings(dtypes={value!r}) names unknown dtype(s) {unknown}; known: {list(_DTYPES)}."
         )
@@ -211,8 +214,10 @@ class settings:
             ok = (lambda v: isinstance(v, str) or hasattr(v, "kind")) if name == "modes" else (
                 lambda v: isinstance(v, str))
             if isinstance(value, str) or not all(ok(v) for v in value):
+                example = {"modes": "('eager',)", "devices": "('cpu',)",
+                           "checks": "('forward', 'gradients')"}[name]
                 raise InvalidArgument(
-                    f"settings({name}={value!r}): give a tuple of strings, e.g. ('eager',)."
+                    f"settings({name}={value!r}): give a tuple of strings, e.g. {example}."
                 )
             object.__setattr__(self, name, tuple(value))
         unknown = [c for c in self.checks if c not in ALL_CHECKS]

@@ -212,7 +212,7 @@ def _list(specs: list[Any], out: TextIO) -> None:
 
 def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO) -> int:
     import equiv
-    from equiv._results import LABELS, combinations, document
+    from equiv._results import LABELS, combinations, document, nothing_ran
 
     for option in ("json", "html"):
         problem = _unwritable(getattr(args, option))
@@ -232,6 +232,8 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
         _run_tasks(tasks, results, args, err)
     except KeyboardInterrupt:  # show what finished, then stop with 130
         interrupted = True
+    if not interrupted:
+        results[:] = nothing_ran(results)
     _table(results, out)
     skipped = [r for r in results if r.verdict == "skipped"]
     if skipped:  # what was not checked, and why (one line each)
@@ -239,6 +241,12 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
         for r in skipped:
             print(f"skipped: {r.spec} [{r.mode}-{r.device}]: {r.reason.splitlines()[0][:200]}",
                   file=out)
+    unchecked = [(r, n) for r in results if r.verdict == "pass" and r.report is not None
+                 for n in r.report.notes if " not compared" in n]
+    if unchecked:  # a pass that left something out says what (one line each)
+        print(file=out)
+        for r, note in unchecked:
+            print(f"not compared: {r.spec} [{r.mode}-{r.device}]: {note[:240]}", file=out)
     for r in results:
         if r.verdict in ("pass", "skipped"):
             continue

@@ -152,6 +152,9 @@ def _check(spec: Spec, cfg: Settings, mode_objs: list[Mode],
                 notes.extend(x for x in n if x not in notes)
                 runs.append(r)
     _compared_something(spec, cfg, coverage, findings, runs)
+    if runs and all(r.status == "skipped" for r in runs):
+        notes.append(f"every requested mode was skipped ({runs[0].mode}: {runs[0].reason}): "
+                     "nothing ran, which is not a pass")
     if reference != (None, None):
         notes.insert(0, f"reference run on {reference[0] or 'the same device'} in "
                         f"{reference[1] or 'the example dtype'}; compared at the implementation's "
@@ -216,7 +219,7 @@ def _selection(spec: Spec, cfg: Settings, mode_objs: list[Mode]) -> Settings:
 
 
 #: checks that say when they compared something (the others compare whenever they run)
-_SAY_WHEN_COMPARED = ("gradients", "opcheck")
+_SAY_WHEN_COMPARED = ("gradients", "opcheck", "repeated-backward", "schedule")
 
 
 def _compared_something(spec: Spec, cfg: Settings, coverage: dict[str, set[str]],
@@ -384,6 +387,10 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
     """Drive Hypothesis over the examples of one (mode, device)."""
     state = ModeRun(mode, spec.impl, spec.ref)
     state.ref_device, state.ref_dtype = reference
+    none_here = _no_check_runs(spec, cfg, mode, device)
+    if none_here is not None:
+        return [none_here], [], ModeResult(mode.name, device, "not checked",
+                                           reason=none_here.headline)
     mcfg = narrowed(cfg, mode.kind)
     driver = _ModeDriver(spec, mcfg, state, device, run_seed, stats)
     if mode.kind == "functionalize":
@@ -407,6 +414,19 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
         coverage["ran"] |= state.ran
         coverage["compared"] |= state.compared
     return findings, driver.notes, _mode_result(mode, device, state, findings)
+
+
+def _no_check_runs(spec: Spec, cfg: Settings, mode: Mode, device: str) -> Finding | None:
+    """The run-level finding for a requested mode in which none of the selected checks runs
+    (e.g. ``checks=("no-grad",)`` under a compile mode): nothing would be checked there."""
+    contract = spec.max_memory_ratio is not None or spec.max_retained_bytes is not None
+    if any(mode.kind in ROWS[c].modes and (c != "memory" or contract) for c in cfg.checks):
+        return None
+    return _run_level(spec, mode, device, "not-checked",
+                      f"none of the selected checks ({', '.join(cfg.checks)}) runs under "
+                      f"{mode.name}: nothing was checked in this mode, which is not a pass.",
+                      f"drop {mode.name} from modes=, or select checks that run under it "
+                      "(docs/reference.md lists the modes of each check).")
 
 
 def _unchecked(spec: Spec, cfg: Settings, mode: Mode, device: str, state: ModeRun,
@@ -485,19 +505,27 @@ def _drive(spec: Spec, mode: Mode, device: str, wrapped: Callable[[], None],
         raise e.error from None
     except FlakyFailure as e:  # before BaseExceptionGroup: FlakyFailure is one
         findings.append(_flaky(spec, mode, device, e))
-    except BaseExceptionGroup as group:  # several distinct bugs
+    except BaseExceptionGroup as group:  # several distinct bugs (one may be flaky)
         for exc in group.exceptions:
             if isinstance(exc, _Found):
                 found.append(exc)
             elif isinstance(exc, _Abort):
                 raise exc.error from None
+            elif isinstance(exc, FlakyFailure):
+                findings.append(_flaky(spec, mode, device, exc))
             else:
                 raise
     except Unsatisfiable:
+        if not last_invalid:  # nothing reached either side
+            raise InvalidArgument(
+                f"no example for {spec.implementation}: the input strategy drew none (every "
+                "draw was filtered out, or the strategy is empty, e.g. st.nothing()). Make "
+                "inputs= draw examples (fewer .filter() rejections, or assume() less often)."
+            ) from None
         raise InvalidArgument(
             f"no valid example for {spec.implementation}: the reference raised on every "
-            f"drawn example (last: {last_invalid[0] if last_invalid else '?'}). Make inputs= "
-            "draw inputs the reference accepts."
+            f"drawn example (last: {last_invalid[0]}). Make inputs= draw inputs the "
+            "reference accepts."
         ) from None
     return found, findings
 

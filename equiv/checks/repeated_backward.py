@@ -17,8 +17,18 @@ _STATEFUL = ("backward #1 modified a value saved for backward (a saved tensor or
              "buffer).")
 
 
+_BY_DIFFERENCES = ("repeated-backward not compared: the reference is not differentiable, and "
+                   "finite differences judge the first backward only (a second backward through "
+                   "the retained graph was not checked)")
+
+
 def run(ex: Any, sink: Sink) -> None:
-    if ex.cfg.backward_repeats < 2 or not ex.pairing().ok:
+    if ex.cfg.backward_repeats < 2:
+        return
+    if not ex.pairing().ok:
+        fd = ex.cache.get("finite-differences", (None, None))[0]
+        if not ex.pairing().pairs and fd is not None:  # the gradients check used them
+            sink.not_compared(NAME, _BY_DIFFERENCES)
         return
     if ex.ref_grads(1)[1] is not None or ex.backward(1).error is not None:
         return  # the gradients check reports (or notes) a failing first backward
@@ -39,6 +49,7 @@ def _repeat(ex: Any, sink: Sink) -> None:
     if err is not None:
         return
     b2 = ex.backward(2)
+    sink.mark_compared(NAME)
     if b2.error is not None:
         sink.finding(NAME, "a second backward through the retained graph raised "
                      f"{type(b2.error).__name__} in the implementation.",

@@ -109,6 +109,7 @@ def _run_one(ex: Execution, sink: Sink, plan: Script, schedule: Schedule, *,
     result = plan.execute(schedule, ex.spec.impl, cots)
     if result.forward_error is not None:
         return  # the core checks own forward errors
+    sink.mark_compared(NAME)  # raising is an outcome too: the schedule was judged
 
     def context() -> str:  # only built for a finding: it runs the reference's schedule too
         ref_result = plan.execute(schedule, ex.spec.ref, cots)
