@@ -220,6 +220,8 @@ class ModeRun:
         self.not_compiled: str | None = None
         self.unsupported: str | None = None
         self.examples = 0
+        #: valid examples holding at least one value (a non-empty tensor in or out)
+        self.valued = 0
         #: over the valid examples: checks that ran, that compared something, and why a check
         #: could not compare (its first reason)
         self.ran: set[str] = set()

@@ -11,8 +11,11 @@ code (the user's own exceptions are values inside the core, see :func:`equiv.exe
 from __future__ import annotations
 
 import dataclasses
+import math
 from types import ModuleType
 from typing import Any
+
+import torch
 
 from equiv._catalog import CATALOG, ROWS, CheckRow
 from equiv._contracts import ErrorArgs
@@ -36,7 +39,7 @@ from equiv.checks import (
 )
 from equiv.errors import EquivError, InternalError
 from equiv.examples import Template
-from equiv.execution.calls import isolated
+from equiv.execution.calls import isolated, leaves
 from equiv.execution.record import Placement, Sink, check_mutated, execute
 from equiv.execution.transforms import Unsupported, jvp_run, vmap_runs
 from equiv.modes import ModeRun
@@ -61,6 +64,9 @@ class Outcome:
     invalid: str | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     template: Template | None = None
+    #: every tensor of the example and of the reference's result had no element: shapes and
+    #: dtypes were compared, but no value
+    empty: bool = False
 
 
 def narrowed(cfg: Settings, kind: str) -> Settings:
@@ -140,7 +146,17 @@ def _execute(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun
             return Outcome(sink.findings, None, sink.notes, ex.template)
         return Outcome([], why, sink.notes, ex.template)
     _run_checks(cfg, ex, sink, kind)
-    return Outcome(sink.findings, None, sink.notes, ex.template)
+    return Outcome(sink.findings, None, sink.notes, ex.template, empty=_holds_no_value(ex))
+
+
+def _holds_no_value(ex: Any) -> bool:
+    """The example has tensors, all of them empty, and the reference returned only empty
+    tensors (or None): nothing but shapes and dtypes could be compared."""
+    slots = ex.template.slots
+    if not slots or any(math.prod(s.size) for s in slots):
+        return False
+    return all(v is None or (isinstance(v, torch.Tensor) and v.numel() == 0)
+               for _, v in leaves(ex.ref_result))
 
 
 #: torch's words when a transform cannot run an implementation at all (not a bug in it)

@@ -349,6 +349,7 @@ class _ModeDriver:
                                     f"variant {variant.description!r} (must raise or match)"]
             hypothesis.reject()
         state.examples += 1
+        state.valued += not outcome.empty
         state.costly_examples += costly
         if outcome.findings:
             self.stats["first_failure"] = self.stats["first_failure"] or self.stats["runs"]
@@ -453,6 +454,13 @@ def _unchecked(spec: Spec, cfg: Settings, mode: Mode, device: str, state: ModeRu
                            f"declare equivalent_to(allow_skip=({mode.kind!r},)) (or "
                            f"settings(allow_skip=...)) to accept it, or drop {mode.name} from "
                            "modes=.")]
+    if state.examples and not state.valued:
+        return [_run_level(spec, mode, device, "not-checked",
+                           f"every example under {mode.name} held only empty tensors (no "
+                           "element in any argument or in the reference's result): shapes "
+                           "and dtypes were compared, no value, which is not a pass.",
+                           "make inputs= draw tensors with elements (empty ones may stay "
+                           "among them).")]
     why = state.uncompared.get("gradients", "").removeprefix("gradients not compared: ")
     if why and "gradients" not in state.compared:
         return [_run_level(spec, mode, device, "not-checked",

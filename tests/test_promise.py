@@ -201,3 +201,77 @@ def test_settings_errors_give_an_example_of_the_option_itself(options, example):
         equiv.settings(**options)
     assert example in str(info.value)
 
+
+
+def test_only_empty_tensors_drawn_is_not_checked():
+    @equivalent_to(ref2, inputs=st.tuples(tensors(shape=(0, 4), dtype=torch.float64)))
+    def triple(x):
+        return x * 3  # wrong, but no element ever shows it
+
+    report = equiv.check(triple, settings=FAST, raise_on_failure=False)
+    assert not report.ok
+    (f,) = report.findings
+    assert f.check == "not-checked"
+    assert "held only empty tensors" in f.headline and "no value" in f.headline
+
+
+def test_empty_tensors_among_others_still_pass_and_catch():
+    shapes = st.sampled_from([(0, 4), (2, 3)])
+    inputs = st.tuples(tensors(shape=shapes, dtype=torch.float64))
+
+    @equivalent_to(ref2, inputs=inputs)
+    def double(x):
+        return x * 2
+
+    @equivalent_to(ref2, inputs=inputs)
+    def triple(x):
+        return x * 3
+
+    assert equiv.check(double, settings=FAST).ok
+    with pytest.raises(equiv.OutputMismatch):
+        equiv.check(triple, settings=FAST)
+
+
+class _TimesThousand(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 1000
+
+
+def test_an_output_the_reference_detaches_says_its_gradient_was_not_compared():
+    @equivalent_to(lambda x: (x * 2, (x * 2).detach()),
+                   inputs=st.tuples(tensors(shape=(3,), dtype=torch.float64,
+                                            requires_grad=True)))
+    def pair(x):
+        return x * 2, _TimesThousand.apply(x)
+
+    report = equiv.check(pair, settings=FAST)
+    assert report.ok
+    assert any(n.startswith("gradients through output[1] not compared: the reference returns "
+                            "it without gradient") for n in report.notes)
+
+
+def test_an_output_overlapping_itself_where_the_reference_repeats_is_caught():
+    @equivalent_to(lambda x: x.sum().repeat(3),
+                   inputs=st.tuples(tensors(shape=(4,), dtype=torch.float64)))
+    def broadcast_sum(x):
+        return x.sum().expand(3)
+
+    with pytest.raises(equiv.AliasingMismatch) as info:
+        equiv.check(broadcast_sum, settings=FAST)
+    f = info.value.report.findings[0]
+    assert f.check == "aliasing"
+    assert f.headline.startswith("output overlaps itself (stride 0 along dim 0")
+
+
+def test_an_expanded_output_where_the_reference_expands_too_passes():
+    @equivalent_to(lambda x: x.sum().expand(3),
+                   inputs=st.tuples(tensors(shape=(4,), dtype=torch.float64)))
+    def broadcast_sum(x):
+        return x.sum(0, keepdim=False).expand(3)
+
+    assert equiv.check(broadcast_sum, settings=FAST).ok

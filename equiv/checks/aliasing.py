@@ -4,6 +4,9 @@
   or the reference does; and where the reference returns a view of an input (``x.view(...)``,
   ``x[1:]``, ``x.t()``), the implementation must return a view of that input too (callers that
   write through the result rely on it). ``aliases=`` declares either direction explicitly.
+- An output that overlaps itself (stride 0, ``expand``) where the reference's does not is a
+  finding when no argument overlaps itself: writes through it reach several elements (a
+  broadcast fast path may return a stride-0 result for a stride-0 input).
 - An in-place kernel declared ``mutates={"x": "out"}`` that returns a tensor must return ``x``
   itself (same storage and view geometry), not a temporary holding its values.
 - Outputs aliasing each other are judged by element overlap, not shared storage: disjoint
@@ -61,6 +64,10 @@ def run(ex: Any, sink: Sink) -> None:
                  f"{names} in place and returns it, declare mutates={{{names!r}: 'out'}}."),
         )
     _outputs_overlapping(sink, impl_leaves, impl_groups, ref_by_path)
+    if len(sink.findings) == first and not any(
+            st == 0 and size > 1 for slot in template.slots
+            for size, st in zip(slot.size, slot.stride)):  # an expanded input may pass through
+        _self_overlapping(sink, impl_leaves, ref_by_path)
     if len(sink.findings) == first:
         _views_kept(ex, sink, impl_leaves, ref_by_path)
 
@@ -161,6 +168,31 @@ def _outputs_overlapping(sink: Sink, impl_leaves: list[tuple[str, torch.Tensor]]
                                  "views of one buffer, e.g. chunk(), would be fine).",
                          fix="return separate tensors (e.g. .clone() one of them).")
             return
+
+
+def _repeated_dim(t: torch.Tensor) -> int | None:
+    """A dim along which ``t`` repeats one slice in memory (stride 0, size > 1), else None."""
+    return next((d for d, (size, stride) in enumerate(zip(t.shape, t.stride()))
+                 if stride == 0 and size > 1), None)
+
+
+def _self_overlapping(sink: Sink, impl_leaves: list[tuple[str, torch.Tensor]],
+                      ref_by_path: dict[str, Any]) -> None:
+    """An output that overlaps itself (``expand``: stride 0) where the reference's does not:
+    a write to one element changes others (and in-place ops on it raise)."""
+    for path, t in impl_leaves:
+        d, r = _repeated_dim(t), ref_by_path.get(path)
+        if d is None or not isinstance(r, torch.Tensor) or _repeated_dim(r) is not None:
+            continue
+        sink.finding(NAME, f"output{path} overlaps itself (stride 0 along dim {d}: one slice "
+                     "repeated in memory), but the reference's does not.",
+                     argument=f"output{path}",
+                     details="A write to one element changes every element sharing its memory, "
+                             "and torch refuses in-place ops on it; the reference returns "
+                             "separate elements.",
+                     fix="materialize the result (.expand(...).clone() or .repeat(...)), or "
+                         "return what the reference returns.")
+        return
 
 
 def _views_kept(ex: Any, sink: Sink, impl_leaves: list[tuple[str, torch.Tensor]],

@@ -42,6 +42,7 @@ def run(ex: Any, sink: Sink) -> None:
         return
     first = len(sink.findings)
     _first_backward(ex, sink)
+    _undifferentiated(ex, sink)
     if len(sink.findings) > first:
         name_cotangent(ex, sink, first)
     if len(sink.findings) > first and not _rounding(sink, first):
@@ -87,6 +88,19 @@ def _first_backward(ex: Any, sink: Sink) -> None:
             sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "
                          "backward #1.", argument=name, mismatch=m,
                          likely_cause=_AFTER_FORWARD if forward_differs else kink_cause(ex, g, m))
+
+
+def _undifferentiated(ex: Any, sink: Sink) -> None:
+    """Say which outputs' gradients were not compared because the reference returns them
+    without gradient while the implementation's require grad (the reference decides)."""
+    pairing = ex.pairing()
+    if not (pairing.pairs and pairing.undifferentiated):
+        return  # a reference differentiating nothing is judged by finite differences
+    names = ", ".join(pairing.undifferentiated)
+    sink.note(f"gradients through {names} not compared: the reference returns it without "
+              "gradient (detached, or computed outside autograd) while the implementation's "
+              "requires grad; the reference decides which outputs are differentiable (detach "
+              "it in the implementation too, or make the reference's differentiable)")
 
 
 def _at(values: list[Any] | None, i: int) -> Any:

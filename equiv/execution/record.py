@@ -123,11 +123,13 @@ class Pairing:
     """The differentiated function's values on both sides: (name, impl tensor, ref tensor) for
     each returned output and final value of a mutated argument that the reference
     differentiates, the names whose gradient flow the implementation cut, and the storage groups
-    whose gradient leaves exist on both sides."""
+    whose gradient leaves exist on both sides; ``undifferentiated``: the names the reference
+    returns without gradient (detached) where the implementation's requires grad."""
 
     pairs: list[tuple[str, torch.Tensor, torch.Tensor]]
     cut: list[str]
     groups: list[Any]
+    undifferentiated: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -200,14 +202,17 @@ def pair(template: Template, impl_side: Side, impl_out: Any, ref_side: Side, ref
         if len(i_leaves) == len(r_leaves):
             named += [(f"final value of {arg}{p}", i, r)
                       for (p, i), (_, r) in zip(i_leaves, r_leaves)]
-    kept, cut = [], []
+    kept, cut, extra = [], [], []
     for name, i, r in named:
+        if is_diff(r) and not r.requires_grad and isinstance(i, torch.Tensor) and \
+                i.requires_grad:
+            extra.append(name)
         if not (is_diff(r) and r.requires_grad and isinstance(i, torch.Tensor)):
             continue
         (kept if i.requires_grad else cut).append((name, i, r))
     groups = [g for g in template.groups
               if impl_side.leaves[g.index] is not None and ref_side.leaves[g.index] is not None]
-    return Pairing(kept, [n for n, _, _ in cut], groups)
+    return Pairing(kept, [n for n, _, _ in cut], groups, extra)
 
 
 @dataclasses.dataclass
