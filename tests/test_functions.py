@@ -429,6 +429,64 @@ def test_needs_input_grad_still_catches_a_backward_that_forgets_w_when_w_needs_n
         ("needs-input-grad", "x")]
 
 
+class MulWrongA(torch.autograd.Function):
+    """a's gradient is twice the right one whichever inputs require grad."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a * b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return 2 * g * b, g * a if ctx.needs_input_grad[1] else None
+
+
+class MulWrongAGatedB(MulWrongA):
+    """The same, and b's gradient gated on a's needs_input_grad slot."""
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return 2 * g * b, g * a if ctx.needs_input_grad[0] else None
+
+
+def test_needs_input_grad_leaves_a_gradient_the_gradients_check_reported_to_it():
+    """A gradient wrong for every requires_grad pattern is the gradients check's finding alone."""
+    @equivalent_to(lambda a, b: a * b, inputs=two())
+    def product(a, b):
+        return MulWrongA.apply(a, b)
+
+    report = failure(product, equiv.GradientMismatch, checks=("gradients", "needs-input-grad"))
+    assert {(f.check, f.argument) for f in report.findings} == {("gradients", "a")}
+
+
+class MulRaises(MulWrongA):
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("backward not implemented")
+
+
+def test_needs_input_grad_leaves_a_backward_that_always_raises_to_the_gradients_check():
+    @equivalent_to(lambda a, b: a * b, inputs=two())
+    def product(a, b):
+        return MulRaises.apply(a, b)
+
+    report = failure(product, equiv.GradientMismatch, checks=("gradients", "needs-input-grad"))
+    assert [f.check for f in report.findings] == ["gradients"]
+
+
+def test_needs_input_grad_still_reports_another_gradient_gated_on_the_wrong_index():
+    @equivalent_to(lambda a, b: a * b, inputs=two())
+    def product(a, b):
+        return MulWrongAGatedB.apply(a, b)
+
+    report = failure(product, equiv.GradientMismatch, checks=("gradients", "needs-input-grad"))
+    assert {(f.check, f.argument) for f in report.findings} == {
+        ("gradients", "a"), ("needs-input-grad", "b")}
+
+
 def test_function_checks_run_only_with_a_custom_function_in_the_graph(monkeypatch):
     calls = []
     monkeypatch.setattr(fn_checks, "run", lambda *a: calls.append(a))

@@ -2,8 +2,8 @@
 storages (all proper non-empty subsets up to :data:`MAX_EXHAUSTIVE_PATTERN_GROUPS` of them, else
 each one alone and each one left out), each pattern's gradients compared with the reference's.
 Each gradient is judged as the gradients check judges backward #1 (the same floors, taken for
-the pattern's own cotangent). Catches a custom Function's backward gated on the wrong
-``ctx.needs_input_grad`` index."""
+the pattern's own cotangent); one the gradients check already reported is left to it. Catches a
+custom Function's backward gated on the wrong ``ctx.needs_input_grad`` index."""
 
 from __future__ import annotations
 
@@ -61,6 +61,10 @@ def _oracle_grads(at: Callable[[], OracleVJP | None],
 
 
 def run(ex: Execution, sink: Sink) -> None:
+    # a gradient (or cut value) the gradients check reported is wrong whatever requires grad
+    reported = {f.argument for f in sink.findings if f.check == "gradients"}
+    if None in reported:
+        return  # the whole first backward failed (it raised, or disagrees with finite diffs)
     template = ex.template
     diff = [g for g in template.groups if g.requires_grad]
     names = {g.index: template.group_name(g) for g in diff}
@@ -81,17 +85,20 @@ def run(ex: Execution, sink: Sink) -> None:
         if done is None:
             continue
         for name in done.pairing.cut:
-            sink.finding(NAME, f"{name} does not require grad in the implementation "
-                        f"{when}, but the reference's does: the gradient flow is cut.",
-                        argument=name,
-                        fix="derive requires_grad from the inputs, not from a fixed pattern.")
-        if done.pairing.ok and _backward(ex, sink, done, gen, when):
+            if name not in reported:
+                sink.finding(NAME, f"{name} does not require grad in the implementation "
+                            f"{when}, but the reference's does: the gradient flow is cut.",
+                            argument=name,
+                            fix="derive requires_grad from the inputs, not from a fixed "
+                                "pattern.")
+        if done.pairing.ok and _backward(ex, sink, done, gen, when, reported):
             return  # one pattern's finding is enough: it shrinks on its own
 
 
-def _backward(ex: Execution, sink: Sink, done: Any, gen: torch.Generator, when: str) -> bool:
-    """Both sides' VJPs of one pattern's rerun for a random cotangent, each gradient judged as
-    the gradients check judges backward #1; True after a finding."""
+def _backward(ex: Execution, sink: Sink, done: Any, gen: torch.Generator, when: str,
+              reported: set[str | None]) -> bool:
+    """Both sides' VJPs of one pattern's rerun for a random cotangent, each gradient the
+    gradients check has not reported judged as it judges them; True after a finding."""
     pairs = done.pairing.pairs
     cots = [cotangent(r, gen) for _, _, r in pairs]
     r_leaves = ex.leaves("ref", done.pairing, done.ref_side)
@@ -114,6 +121,8 @@ def _backward(ex: Execution, sink: Sink, done: Any, gen: torch.Generator, when: 
     oracle = _oracle_grads(at, done.pairing.groups)
     for i, (g, a, e) in enumerate(zip(done.pairing.groups, imp, ref)):
         name = ex.template.group_name(g)
+        if name in reported:
+            continue
         m = ex.judge(name, a, e, kind="gradients", group=g, cotangent=at,
                      oracle=lambda i=i: oracle(i))
         if m is None:
