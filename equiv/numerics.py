@@ -180,6 +180,8 @@ class NumericMismatch(Mismatch):
     elements: int = 0
     mismatched: int = 0
     why: str | None = None  # why the fallback rule was used
+    #: elements where the baseline is inf or NaN and the oracle finite (left out of its error)
+    baseline_overflow: int = 0
 
     @property
     def rounding_level(self) -> bool:
@@ -275,6 +277,8 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
     u_max, u_p99 = _ulp_stats(diff, oracle, dtype)
     b_ulp = None if baseline is None else _ulp_stats(_errors(baseline, oracle, None)[0], oracle,
                                                      dtype)[0]
+    overflow = 0 if baseline is None else int(
+        (~torch.isfinite(_to64(baseline)) & torch.isfinite(_to64(oracle))).sum())
     m = NumericMismatch(
         path=path, message="", max_abs=float(diff.max()), max_rel=None, index=index,
         rule="baseline", dtype=_SHORT.get(dtype, str(dtype)), impl_error=float(diff.max()),
@@ -282,7 +286,7 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
         floor=float(ulp_floor.reshape(-1)[flat]),
         floor_ulps=floor_ulps, floor_at=float(floor.reshape(-1)[flat]), ulp_max=u_max,
         baseline_ulp_max=b_ulp, ulp_p99=u_p99, elements=diff.numel(),
-        mismatched=int(bad.sum()))
+        mismatched=int(bad.sum()), baseline_overflow=overflow)
     return dataclasses.replace(m, message=describe(m))
 
 
@@ -306,22 +310,47 @@ def _fallback(actual: torch.Tensor, baseline: torch.Tensor | None, *, dtype: tor
 def describe(m: NumericMismatch) -> str:
     """The message lines of a baseline-rule mismatch (both errors, the allowance, ULPs)."""
     at = f" at index {m.index}" if m.index is not None else ""
-    floor = (f"{m.floor_ulps:g} ulp" if m.floor_at is None or m.floor is None
+    floor = (f"{m.floor_ulps:.3g} ulp" if m.floor_at is None or m.floor is None
              or m.floor_at <= m.floor else f"the {m.dtype} default tolerance {m.floor_at:.2g}")
     lines = [
-        f"implementation max error {m.impl_error:.3g} vs {oracle_name(m.dtype)}, the {m.dtype} "
-        f"reference's own error {m.baseline_error:.3g}, allowed {m.k:g}x + {floor} = "
-        f"{m.allowed:.3g}{at}",
+        f"implementation max error {m.impl_error:.3g} vs {oracle_name(m.dtype)}, "
+        f"{_own_error(m)}, allowed {m.k:g}x + {floor} = {m.allowed:.3g}{at}",
         f"Mismatched elements: {m.mismatched} / {m.elements} "
         f"({100.0 * m.mismatched / max(m.elements, 1):.1f}%)",
         f"ULP distance from {oracle_name(m.dtype)} (in {m.dtype} ulps): max {m.ulp_max:.3g}"
         + (f", p99 {m.ulp_p99:.3g}" if m.ulp_p99 is not None else ""),
     ]
     if m.baseline_error is not None and m.floor is not None and m.rounding_level:
-        lines.append(f"rounding-level: within {ROUNDING_FACTOR:g}x the reference's own error; "
-                     f"in {m.dtype} that is how accumulating in {m.dtype} shows, so it is "
-                     "reported (settings(tolerances=...) accepts it where intended)")
+        lines.append(_rounding_line(m))
     return "\n".join(lines)
+
+
+def _own_error(m: NumericMismatch) -> str:
+    """The baseline's error, or where it has none: inf/NaN where the oracle is finite."""
+    n = m.baseline_overflow
+    if n and n >= m.elements:
+        return f"the {m.dtype} reference has no finite error (inf/NaN at all {n} elements)"
+    where = f" (inf/NaN at {n} of {m.elements} elements, left out)" if n else ""
+    return f"the {m.dtype} reference's own error {m.baseline_error:.3g}{where}"
+
+
+def _rounding_line(m: NumericMismatch) -> str:
+    """Why ``m`` is rounding-level (:attr:`NumericMismatch.rounding_level`), with its numbers;
+    in half precision, why it is still reported."""
+    assert m.baseline_error is not None and m.floor is not None
+    floor = f"the {m.floor_ulps or 0.0:.3g}-ulp floor {m.floor:.3g}"
+    size = f"(the reference's own error {m.baseline_error:.3g} + {floor})" \
+        if m.baseline_error else floor
+    b_ulps, f_ulps = m.baseline_ulp_max or 0.0, m.floor_ulps or 0.0
+    ulps = (f"the reference's {b_ulps:.3g}" if b_ulps > f_ulps else f"the floor's {f_ulps:.3g}")
+    line = (f"rounding-level: error {m.impl_error:.3g} within {ROUNDING_FACTOR:g}x {size} = "
+            f"{ROUNDING_FACTOR * (m.baseline_error + m.floor):.3g}, and {m.ulp_max or 0.0:.3g} "
+            f"ulps within {ROUNDING_FACTOR:g}x {ulps} ulps")
+    if m.dtype not in ("float16", "bfloat16"):
+        return line
+    return (f"{line}; in {m.dtype} a precision bug (accumulating or rounding intermediates in "
+            f"{m.dtype}) looks like this, so it is reported (settings(tolerances=...) accepts it "
+            "where intended)")
 
 
 def oracle_name(dtype: str) -> str:

@@ -14,6 +14,7 @@ from torch.autograd.function import once_differentiable
 import equiv
 from equiv import equivalent_to
 from equiv.checks import needs_input_grad as fn_checks
+from equiv.numerics import round_to
 from equiv.execution import graph as fn_graph
 from equiv.strategies import tensors
 from tests.conftest import FAST
@@ -368,6 +369,122 @@ def test_requires_grad_patterns_are_exhaustive_for_few_inputs_and_linear_beyond(
     assert fn_checks.requires_grad_patterns(2) == [(0,), (1,)]
     assert len(fn_checks.requires_grad_patterns(3)) == 6
     assert len(fn_checks.requires_grad_patterns(6)) == 12
+
+
+def rms_norm_function(when_w_not_needed=None):
+    """A float16 RMSNorm Function computing in float32; ``when_w_not_needed(g, w)``: the
+    weighted cotangent its backward uses when w does not require grad (default: g * w)."""
+    eps = 1e-5
+
+    class RMSNormFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            xf = x.float()
+            rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+            ctx.save_for_backward(x, w, rstd)
+            return (xf * rstd * w.float()).to(x.dtype)
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, g):
+            x, w, rstd = ctx.saved_tensors
+            xhat = x.float() * rstd
+            gw = g.float() * w.float()
+            if when_w_not_needed is not None and not ctx.needs_input_grad[1]:
+                gw = when_w_not_needed(g.float(), w.float())
+            gx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+            gwt = (g.float() * xhat).reshape(-1, x.shape[-1]).sum(0)
+            return gx.to(x.dtype), gwt.to(w.dtype)
+
+    @equivalent_to(lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w)
+    def rms_norm(x, w):
+        return RMSNormFn.apply(x, w)
+
+    return rms_norm
+
+
+def expanded_rows(scale):
+    """x: one float16 row of 512 values of size ``scale``, expanded to two rows (stride 0);
+    w: float16 weights."""
+    g = torch.Generator().manual_seed(2)
+    row = torch.randn(512, dtype=torch.float64, generator=g) * scale
+    w = torch.randn(512, dtype=torch.float64, generator=g) * 2
+    x = round_to(row, torch.float16).requires_grad_().as_strided((2, 512), (0, 1), 0)
+    return x, round_to(w, torch.float16).requires_grad_()
+
+
+@pytest.mark.parametrize("scale", [0.003, 1.0])
+def test_needs_input_grad_floors_an_expanded_gradient_as_the_gradients_check_does(scale):
+    """An expanded x's gradient sums one term per view: for another requires_grad pattern its
+    floor is taken at the size of the terms too, even where the float16 reference's gradient
+    overflows (tiny rows)."""
+    assert equiv.assert_equivalent(rms_norm_function(), *expanded_rows(scale)).ok
+
+
+def test_needs_input_grad_still_catches_a_backward_that_forgets_w_when_w_needs_no_grad():
+    rms_norm = rms_norm_function(when_w_not_needed=lambda g, w: g)
+    with pytest.raises(equiv.GradientMismatch) as info:
+        equiv.assert_equivalent(rms_norm, *expanded_rows(1.0))
+    assert [(f.check, f.argument) for f in info.value.report.findings] == [
+        ("needs-input-grad", "x")]
+
+
+class MulWrongA(torch.autograd.Function):
+    """a's gradient is twice the right one whichever inputs require grad."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a * b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return 2 * g * b, g * a if ctx.needs_input_grad[1] else None
+
+
+class MulWrongAGatedB(MulWrongA):
+    """The same, and b's gradient gated on a's needs_input_grad slot."""
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return 2 * g * b, g * a if ctx.needs_input_grad[0] else None
+
+
+def test_needs_input_grad_leaves_a_gradient_the_gradients_check_reported_to_it():
+    """A gradient wrong for every requires_grad pattern is the gradients check's finding alone."""
+    @equivalent_to(lambda a, b: a * b, inputs=two())
+    def product(a, b):
+        return MulWrongA.apply(a, b)
+
+    report = failure(product, equiv.GradientMismatch, checks=("gradients", "needs-input-grad"))
+    assert {(f.check, f.argument) for f in report.findings} == {("gradients", "a")}
+
+
+class MulRaises(MulWrongA):
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("backward not implemented")
+
+
+def test_needs_input_grad_leaves_a_backward_that_always_raises_to_the_gradients_check():
+    @equivalent_to(lambda a, b: a * b, inputs=two())
+    def product(a, b):
+        return MulRaises.apply(a, b)
+
+    report = failure(product, equiv.GradientMismatch, checks=("gradients", "needs-input-grad"))
+    assert [f.check for f in report.findings] == ["gradients"]
+
+
+def test_needs_input_grad_still_reports_another_gradient_gated_on_the_wrong_index():
+    @equivalent_to(lambda a, b: a * b, inputs=two())
+    def product(a, b):
+        return MulWrongAGatedB.apply(a, b)
+
+    report = failure(product, equiv.GradientMismatch, checks=("gradients", "needs-input-grad"))
+    assert {(f.check, f.argument) for f in report.findings} == {
+        ("gradients", "a"), ("needs-input-grad", "b")}
 
 
 def test_function_checks_run_only_with_a_custom_function_in_the_graph(monkeypatch):

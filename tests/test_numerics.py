@@ -839,7 +839,9 @@ def test_a_half_rounding_level_finding_says_why_it_is_still_reported():
     assert m.rounding_level
     text = describe(m)
     assert "not a wrong value" not in text
-    assert "in float16 that is how accumulating in float16 shows, so it is reported" in text
+    assert ("in float16 a precision bug (accumulating or rounding intermediates in float16) "
+            "looks like this, so it is reported") in text
+    assert "that is how accumulating in float16 shows" not in text  # no diagnosis from numbers
 
 
 def test_the_probe_magnitude_of_a_complex_gradient_is_its_modulus():
@@ -856,3 +858,53 @@ def test_the_probe_magnitude_of_a_complex_gradient_is_its_modulus():
         warnings.simplefilter("error")
         m = ex.probe_magnitude(1, ex.template.groups[0])
     assert m is not None and m.dtype == torch.float64 and bool((m > 0).all())
+
+
+def _rounding_line(m):
+    from equiv.numerics import describe
+
+    return next(ln for ln in describe(m).splitlines() if ln.startswith("rounding-level"))
+
+
+def test_the_rounding_level_line_states_its_criterion_when_the_floor_dominates():
+    """14x the reference's own error is rounding-level because the ULP floor dominates the
+    allowance: the line states the criterion with its numbers."""
+    m = NumericMismatch(path="output", message="", impl_error=7.48, baseline_error=0.519,
+                        allowed=3.56, k=3.0, floor=2.0, floor_ulps=4.0, dtype="float16",
+                        mismatched=1, elements=64, ulp_max=15.0, baseline_ulp_max=1.0)
+    assert m.rounding_level
+    line = _rounding_line(m)
+    assert line.startswith("rounding-level: error 7.48 within 10x (the reference's own error "
+                           "0.519 + the 4-ulp floor 2) = 25.2, and 15 ulps within 10x the "
+                           "floor's 4 ulps; in float16 a precision bug "), line
+    assert "within 10x the reference's own error;" not in line
+
+
+def test_the_rounding_level_line_of_a_float32_value_states_only_its_criterion():
+    m = NumericMismatch(path="output", message="", impl_error=3e-6, baseline_error=1e-6,
+                        allowed=2.5e-6, k=2.0, floor=1e-7, floor_ulps=2.0, dtype="float32",
+                        mismatched=1, elements=64, ulp_max=20.0, baseline_ulp_max=8.0)
+    assert _rounding_line(m) == ("rounding-level: error 3e-06 within 10x (the reference's own "
+                                 "error 1e-06 + the 2-ulp floor 1e-07) = 1.1e-05, and 20 ulps "
+                                 "within 10x the reference's 8 ulps")
+
+
+def test_a_reference_that_overflows_everywhere_has_no_finite_error_in_the_message():
+    """The float16 reference is inf where float64 is finite: its error is not 0, it has none."""
+    oracle = torch.tensor([1.0, 2.0, 3.0], dtype=F64)
+    baseline = torch.full((3,), math.inf, dtype=torch.float16)
+    m = judge(torch.tensor([1.5, 2.0, 3.0], dtype=torch.float16), oracle, baseline)
+    assert m is not None and m.baseline_overflow == 3
+    first = m.message.splitlines()[0]
+    assert ("vs float64, the float16 reference has no finite error (inf/NaN at all 3 "
+            "elements), allowed 2x + ") in first
+    assert "own error 0" not in m.message
+
+
+def test_a_reference_that_overflows_somewhere_says_where_its_error_is_taken():
+    oracle = torch.tensor([1.0, 2.0, 3.0], dtype=F64)
+    baseline = torch.tensor([math.inf, 2.0, 3.0], dtype=torch.float16)
+    m = judge(torch.tensor([1.0, 2.5, 3.0], dtype=torch.float16), oracle, baseline)
+    assert m is not None and m.baseline_overflow == 1
+    assert ("the float16 reference's own error 0 (inf/NaN at 1 of 3 elements, left out), "
+            "allowed") in m.message

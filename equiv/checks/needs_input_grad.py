@@ -1,14 +1,17 @@
 """``needs-input-grad``: every other requires_grad pattern of the example's differentiable
 storages (all proper non-empty subsets up to :data:`MAX_EXHAUSTIVE_PATTERN_GROUPS` of them, else
 each one alone and each one left out), each pattern's gradients compared with the reference's.
-Catches a custom Function's backward gated on the wrong ``ctx.needs_input_grad`` index."""
+Each gradient is judged as the gradients check judges backward #1 (the same floors, taken for
+the pattern's own cotangent); one the gradients check already reported is left to it. Catches a
+custom Function's backward gated on the wrong ``ctx.needs_input_grad`` index."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import itertools
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -16,6 +19,7 @@ from equiv.examples import Template
 from equiv.execution.calls import cotangent, format_tb, vjp
 from equiv.execution.graph import function_nodes, slot_explanation
 from equiv.execution.record import Execution, Sink
+from equiv.execution.verdict import OracleVJP
 
 NAME = "needs-input-grad"
 #: more differentiable storages than this: patterns are "each alone" and "each left out"
@@ -41,21 +45,26 @@ def _pattern_template(template: Template, keep: set[int]) -> Template:
     return t
 
 
-def _lazy_oracle(ex: Execution, done: Any, cots: list[torch.Tensor]) -> Any:
-    """Gradient ``i`` of the oracle for this pattern, computed on first use (once)."""
-    memo: list[Any] = []
+def _rerun_oracle(ex: Execution, done: Any,
+                  cots: list[torch.Tensor]) -> Callable[[], OracleVJP | None]:
+    """This pattern's oracle with its cotangent, run on first use (once)."""
+    t = _pattern_template(ex.template, {g.index for g in done.pairing.groups})
+    return functools.cache(lambda: ex.rerun_oracle(t, [n for n, _, _ in done.pairing.pairs],
+                                                   cots))
 
-    def at(i: int) -> Any:
-        if not memo:
-            t = _pattern_template(ex.template, {g.index for g in done.pairing.groups})
-            memo.append(ex.oracle_vjps(t, [n for n, _, _ in done.pairing.pairs],
-                                       done.pairing.groups, [cots]))
-        return None if memo[0] is None else memo[0][0][i]
 
-    return at
+def _oracle_grads(at: Callable[[], OracleVJP | None],
+                  groups: list[Any]) -> Callable[[int], torch.Tensor | None]:
+    """Gradient ``i`` of the oracle ``at()`` w.r.t. ``groups``, computed on first use (once)."""
+    grads = functools.cache(lambda: None if (run := at()) is None else run.grads(groups))
+    return lambda i: None if grads() is None else grads()[i]
 
 
 def run(ex: Execution, sink: Sink) -> None:
+    # a gradient (or cut value) the gradients check reported is wrong whatever requires grad
+    reported = {f.argument for f in sink.findings if f.check == "gradients"}
+    if None in reported:
+        return  # the whole first backward failed (it raised, or disagrees with finite diffs)
     template = ex.template
     diff = [g for g in template.groups if g.requires_grad]
     names = {g.index: template.group_name(g) for g in diff}
@@ -76,44 +85,57 @@ def run(ex: Execution, sink: Sink) -> None:
         if done is None:
             continue
         for name in done.pairing.cut:
-            sink.finding(NAME, f"{name} does not require grad in the implementation "
-                        f"{when}, but the reference's does: the gradient flow is cut.",
-                        argument=name,
-                        fix="derive requires_grad from the inputs, not from a fixed pattern.")
-        if not done.pairing.ok:
-            continue
-        pairs = done.pairing.pairs
-        cots = [cotangent(r, gen) for _, _, r in pairs]
-        r_leaves = ex.leaves("ref", done.pairing, done.ref_side)
-        i_leaves = ex.leaves("impl", done.pairing, done.impl_side)
-        ref, err = vjp([r for _, _, r in pairs], r_leaves, cots)
-        if err is not None:
-            continue
-        imp, err = vjp([i for _, i, _ in pairs], i_leaves, [c.clone() for c in cots])
-        if err is not None:
-            slots = slot_explanation(err, function_nodes([i for _, i, _ in pairs]))
-            headline, fix = slots if slots is not None else (
-                f"the implementation's backward raised {type(err).__name__}.",
-                "compute the gradient of every input for which ctx.needs_input_grad[i] is True, "
-                "and return None for the others.")
-            sink.finding(NAME, f"{when[0].upper()}{when[1:]}: {headline}",
-                        details=f"{type(err).__name__}: {str(err)[:400]}",
-                        tb=format_tb(err), fix=fix)
-            return
-        oracle = _lazy_oracle(ex, done, cots)
-        for i, (g, a, e) in enumerate(zip(done.pairing.groups, imp, ref)):
-            name = template.group_name(g)
-            m = ex.judge(name, a, e, kind="gradients", group=g, oracle=lambda i=i: oracle(i))
-            if m is None:
-                continue
-            zero = not bool(a.detach().abs().sum()) and bool(e.detach().abs().sum())
-            cause = ("the backward returned None (or zeros) for a needed gradient: it gates "
-                     "the computation on the wrong ctx.needs_input_grad index (needs_input_grad[i] "
-                     "belongs to forward input i)" if zero else
-                     "the backward computes this gradient differently depending on which inputs "
-                     "require grad (ctx.needs_input_grad)")
-            sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the "
-                        f"reference {when}.", argument=name, mismatch=m, likely_cause=cause,
-                        fix="check each `if ctx.needs_input_grad[i]:` against forward's "
-                            "argument order (ctx excluded).")
+            if name not in reported:
+                sink.finding(NAME, f"{name} does not require grad in the implementation "
+                            f"{when}, but the reference's does: the gradient flow is cut.",
+                            argument=name,
+                            fix="derive requires_grad from the inputs, not from a fixed "
+                                "pattern.")
+        if done.pairing.ok and _backward(ex, sink, done, gen, when, reported):
             return  # one pattern's finding is enough: it shrinks on its own
+
+
+def _backward(ex: Execution, sink: Sink, done: Any, gen: torch.Generator, when: str,
+              reported: set[str | None]) -> bool:
+    """Both sides' VJPs of one pattern's rerun for a random cotangent, each gradient the
+    gradients check has not reported judged as it judges them; True after a finding."""
+    pairs = done.pairing.pairs
+    cots = [cotangent(r, gen) for _, _, r in pairs]
+    r_leaves = ex.leaves("ref", done.pairing, done.ref_side)
+    i_leaves = ex.leaves("impl", done.pairing, done.impl_side)
+    ref, err = vjp([r for _, _, r in pairs], r_leaves, cots)
+    if err is not None:
+        return False
+    imp, err = vjp([i for _, i, _ in pairs], i_leaves, [c.clone() for c in cots])
+    if err is not None:
+        slots = slot_explanation(err, function_nodes([i for _, i, _ in pairs]))
+        headline, fix = slots if slots is not None else (
+            f"the implementation's backward raised {type(err).__name__}.",
+            "compute the gradient of every input for which ctx.needs_input_grad[i] is True, "
+            "and return None for the others.")
+        sink.finding(NAME, f"{when[0].upper()}{when[1:]}: {headline}",
+                    details=f"{type(err).__name__}: {str(err)[:400]}",
+                    tb=format_tb(err), fix=fix)
+        return True
+    at = _rerun_oracle(ex, done, cots)
+    oracle = _oracle_grads(at, done.pairing.groups)
+    for i, (g, a, e) in enumerate(zip(done.pairing.groups, imp, ref)):
+        name = ex.template.group_name(g)
+        if name in reported:
+            continue
+        m = ex.judge(name, a, e, kind="gradients", group=g, cotangent=at,
+                     oracle=lambda i=i: oracle(i))
+        if m is None:
+            continue
+        zero = not bool(a.detach().abs().sum()) and bool(e.detach().abs().sum())
+        cause = ("the backward returned None (or zeros) for a needed gradient: it gates "
+                 "the computation on the wrong ctx.needs_input_grad index (needs_input_grad[i] "
+                 "belongs to forward input i)" if zero else
+                 "the backward computes this gradient differently depending on which inputs "
+                 "require grad (ctx.needs_input_grad)")
+        sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference {when}.",
+                     argument=name, mismatch=m, likely_cause=cause,
+                     fix="check each `if ctx.needs_input_grad[i]:` against forward's "
+                         "argument order (ctx excluded).")
+        return True
+    return False

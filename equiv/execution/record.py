@@ -20,13 +20,13 @@ from equiv.execution.calls import vjp
 from equiv.execution.graph import builtin_only, function_nodes
 from equiv.execution.verdict import (
     FD_MAX_ELEMENTS,
+    OracleVJP,
     fd_check,
     fd_plan,
     fd_reference,
     judge_leaf,
     named_values,
     summed_terms,
-    term_magnitude,
 )
 from equiv.memory import measure, retained
 from equiv.modes import normalise_error
@@ -522,8 +522,7 @@ class Execution:
                 any(leaf is None for leaf in leaves):
             return None
         outs, given = _defined(outs, self.cotangents()[n - 1])
-        cots = [c.detach().to(device=o.device, dtype=o.dtype) for c, o in zip(given, outs)]
-        grads, err = vjp(outs, leaves, cots)
+        grads, err = vjp(outs, leaves, _cast(given, outs))
         return None if err is not None else grads
 
     def oracle_grads(self, n: int) -> list[torch.Tensor] | None:
@@ -568,6 +567,21 @@ class Execution:
         side, unrepresentable = state
         return unrepresentable.get(j, side.tensors[j])
 
+    def _oracle_run(self, template: Template, names: list[str],
+                    shuffled: bool = False) -> tuple[Side, list[torch.Tensor]] | None:
+        """The reference once more in float64 on a fresh copy of ``template`` (``shuffled``:
+        every storage reversed): its side and its values ``names``; None when they are not all
+        differentiable."""
+        device = self.place.ref_device or self.place.device
+        side = template.instantiate(device=device, dtype=oracle_dtype(torch.float32, device),
+                                    shuffled=shuffled)
+        run = reference_run(self.spec, self.ref_fn, side)
+        outs = [run.values.get(n) for n in names]
+        if run.why is not None or not all(isinstance(o, torch.Tensor) and o.requires_grad
+                                          for o in outs):
+            return None
+        return side, outs
+
     def oracle_vjps(self, template: Template, names: list[str], groups: list[Any],
                     cots: list[list[torch.Tensor]], *,
                     shuffled: bool = False) -> list[list[torch.Tensor]] | None:
@@ -576,35 +590,45 @@ class Execution:
         forwards see it), its VJP w.r.t. ``groups``' leaves of the values ``names`` for
         each cotangent list in ``cots`` (cast to float64); None when it cannot. For a check's
         own rerun, called only when a value fails the per-dtype default."""
-        device = self.place.ref_device or self.place.device
-        side = template.instantiate(device=device, dtype=oracle_dtype(torch.float32, device),
-                                    shuffled=shuffled)
-        run = reference_run(self.spec, self.ref_fn, side)
-        outs = [run.values.get(n) for n in names]
-        leaves = [side.leaves[g.index] for g in groups]
-        if run.why is not None or any(leaf is None for leaf in leaves) or not all(
-                isinstance(o, torch.Tensor) and o.requires_grad for o in outs):
+        found = self._oracle_run(template, names, shuffled)
+        if found is None:
             return None
+        side, outs = found
         result = []
         for c in cots:
-            grads, err = vjp(outs, leaves, [x.detach().to(device=o.device, dtype=o.dtype)
-                                            for x, o in zip(c, outs)])
-            if err is not None:
+            grads = OracleVJP(template, side, outs, _cast(c, outs), 0).grads(groups)
+            if grads is None:
                 return None
             result.append(grads)
         return result
 
+    def rerun_oracle(self, template: Template, names: list[str],
+                     cots: list[torch.Tensor]) -> OracleVJP | None:
+        """The oracle of a rerun on ``template`` (another requires_grad pattern) with the
+        cotangent ``cots`` for its values ``names`` (cast to float64): its gradients and the
+        size of their terms, judged as the record's own (:meth:`judge`'s ``cotangent``); None
+        when it cannot differentiate. For a check's own rerun, called only when a value fails
+        the per-dtype default."""
+        found = self._oracle_run(template, names)
+        if found is None:
+            return None
+        side, outs = found
+        return OracleVJP(template, side, outs, _cast(cots, outs), self.cot_seed + 104729 * 3)
+
     def judge(self, name: str, actual: Any, expected: Any, *, oracle: Any = None,
               baseline: Any = None, kind: str = "outputs", group: Any = None,
-              cotangent: int | None = None) -> Mismatch | None:
+              cotangent: int | Callable[[], OracleVJP | None] | None = None
+              ) -> Mismatch | None:
         """Compare one value with the reference's ``expected`` the way every check does: the
         spec's ``rtol``/``atol`` when set, else the per-dtype default and, where that rejects a
         floating value, the baseline-relative rule against ``oracle`` (a tensor or a callable;
         see :mod:`equiv.execution.verdict`). ``kind``: ``"outputs"``, ``"gradients"`` or
         ``"second-order"`` (the rule's ``k``); ``group``: the storage group of a gradient
         (an expanded argument's gradient sums many terms: a larger floor, taken at the size
-        of the terms when ``cotangent`` (1 or 2) names the record's cotangent; under an
-        expanded, constant cotangent also at the size the gradient has for a random one)."""
+        of the terms when ``cotangent`` names the cotangent the gradient was taken for: 1 or
+        2, the record's, or a callable returning a rerun's oracle (:meth:`rerun_oracle`);
+        under the record's expanded, constant cotangent also at the size the gradient has
+        for a random one)."""
         terms = 1.0 if group is None else summed_terms(self.template, group)
         magnitude = self._magnitude(cotangent, group, terms)
         m = judge_leaf(name, actual, expected, rtol=self.spec.rtol, atol=self.spec.atol,
@@ -633,67 +657,43 @@ class Execution:
             "against float64 passed (a precision difference, not a wrong value)")
         return None
 
-    def _magnitude(self, n: int | None, group: Any, terms: float) -> Any:
-        """The lazy size of the terms a gradient for cotangent ``n`` sums, where the oracle's
-        own value can understate it, else None: an overlapping argument's summed terms; the
-        gradient for a random cotangent when the cotangent is one value expanded (a constant
-        cotangent through softmax or a normalisation cancels to exactly 0, which the
-        implementation reaches only up to the rounding of terms of that size)."""
-        if n is None or group is None:
+    def _magnitude(self, cot: int | Callable[[], OracleVJP | None] | None, group: Any,
+                   terms: float) -> Any:
+        """The lazy size of the terms a gradient for the cotangent ``cot`` sums, where the
+        oracle's own value can understate it, else None: an overlapping argument's summed
+        terms; the gradient for a random cotangent when the record's cotangent is one value
+        expanded (a constant cotangent through softmax or a normalisation cancels to exactly
+        0, which the implementation reaches only up to the rounding of terms of that size)."""
+        if cot is None or group is None:
             return None
+        run = (lambda: self.oracle_vjp(cot)) if isinstance(cot, int) else cot
         if terms > 1:
-            return lambda: self.oracle_terms(n, group)
-        if self.cot_variant.kind == "expanded":
-            return lambda: self.probe_magnitude(n, group)
+            return lambda: _sized(run(), lambda v: v.terms(group))
+        if isinstance(cot, int) and self.cot_variant.kind == "expanded":
+            return lambda: _sized(run(), lambda v: v.probe(group))
         return None
 
-    def _oracle_cotangents(self, n: int, probes: int = 1) -> tuple[
-            list[torch.Tensor], list[torch.Tensor], list[list[torch.Tensor]]] | None:
-        """The oracle's differentiated outputs, cotangent ``n`` at their dtype, and ``probes``
-        random cotangents of the same mean size (seeded); None when the oracle has none."""
+    def oracle_vjp(self, n: int) -> OracleVJP | None:
+        """The oracle's run with cotangent ``n`` (1 or 2; random probes seeded from it), or
+        None when the oracle has no differentiated values."""
         run = self.oracle()
         outs = [run.values.get(name) for name, _, _ in self.pairing().pairs]
         if run.side is None or not all(isinstance(o, torch.Tensor) and o.requires_grad
                                        for o in outs):
             return None
         outs, given = _defined(outs, self.cotangents()[n - 1])
-        cots = [c.detach().to(device=o.device, dtype=o.dtype) for c, o in zip(given, outs)]
-        gen = torch.Generator().manual_seed(self.cot_seed + 104729 * n)
-        return outs, cots, [[cotangent(c, gen) * c.abs().mean() for c in cots]  # cheap if big
-                            for _ in range(probes)]
+        return OracleVJP(self.template, run.side, outs, _cast(given, outs),
+                         self.cot_seed + 104729 * n)
 
     def probe_magnitude(self, n: int, group: Any) -> torch.Tensor | None:
         """The oracle's gradient w.r.t. ``group`` for random cotangents of cotangent ``n``'s
-        mean size, root mean square over three (:meth:`_oracle_cotangents`; one alone can
-        cancel by chance): the size rounding errors of the terms add up to. None if unknown."""
-        found = self._oracle_cotangents(n, probes=3)
-        leaf = self.oracle().side.leaves[group.index] if found is not None else None
-        if found is None or leaf is None:
-            return None
-        outs, _, probes = found
-        squares = []
-        for probe in probes:
-            grads, err = vjp(outs, [leaf], probe)
-            if err is not None:
-                return None
-            squares.append(grads[0].abs().to(torch.float64) ** 2)  # |complex| too
-        return (sum(squares) / len(squares)).sqrt()
+        mean size, root mean square over three (:meth:`OracleVJP.probe`). None if unknown."""
+        return _sized(self.oracle_vjp(n), lambda v: v.probe(group))
 
     def oracle_terms(self, n: int, group: Any) -> torch.Tensor | None:
         """``sum |term|`` of the oracle's gradient for cotangent ``n`` per storage element of
-        an overlapping ``group`` (:func:`~equiv.execution.verdict.term_magnitude`): the larger
-        of the terms for that cotangent and for a random one of the same mean size, so terms
-        that cancel exactly for a structured cotangent (a constant one through a
-        normalisation of a constant row) still set the floor at the size the implementation
-        rounds at."""
-        found = self._oracle_cotangents(n)
-        if found is None:
-            return None
-        outs, cots, (probe,) = found
-        side = self.oracle().side
-        terms = term_magnitude(self.template, group, side, outs, cots)
-        other = term_magnitude(self.template, group, side, outs, probe)
-        return terms if other is None or terms is None else torch.maximum(terms, other)
+        an overlapping ``group`` (:meth:`OracleVJP.terms`)."""
+        return _sized(self.oracle_vjp(n), lambda v: v.terms(group))
 
     def oracle_why(self) -> str | None:
         """Why the oracle cannot be used (the reference raised in float64), else None."""
@@ -825,6 +825,16 @@ class ContractRun:
     result: Any
     exc: BaseException | None
     versions: list[int]
+
+
+def _cast(cots: list[torch.Tensor], outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each cotangent detached, at its value's dtype and device (e.g. the oracle's float64)."""
+    return [c.detach().to(device=o.device, dtype=o.dtype) for c, o in zip(cots, outs)]
+
+
+def _sized(run: OracleVJP | None,
+           size: Callable[[OracleVJP], torch.Tensor | None]) -> torch.Tensor | None:
+    return None if run is None else size(run)
 
 
 def _defined(outs: list[torch.Tensor], cots: list[torch.Tensor | None],

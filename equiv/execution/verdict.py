@@ -1,4 +1,5 @@
-"""The numeric verdict of one compared value, and finite-difference VJPs, for the record.
+"""The numeric verdict of one compared value, the oracle's VJPs that set a gradient's floor, and
+finite-difference VJPs, for the record.
 
 A floating value the per-dtype default rejects against the reference (the *baseline*, at the
 implementation's dtype) is judged again by :mod:`equiv.numerics`' baseline-relative rule against
@@ -19,6 +20,7 @@ import torch
 
 from equiv.compare import Mismatch, compare_leaf, dtype_tolerance_overridden
 from equiv.examples import Side, Template
+from equiv.execution.calls import cotangent, vjp
 from equiv.execution.calls import leaves as leaves_of
 from equiv.numerics import FLOOR_ULPS_DEFAULTS, K_DEFAULTS, FiniteDifference, NumericMismatch, check_vjp_fd
 from equiv.numerics import judge as judge_numbers
@@ -214,3 +216,55 @@ def term_magnitude(template: Template, group: Any, side: Side, outs: list[torch.
         idx = positions.as_strided(size, s.stride, s.offset).reshape(-1)
         out.index_add_(0, idx, magnitude.reshape(-1))
     return out
+
+
+@dataclasses.dataclass
+class OracleVJP:
+    """The oracle's run on one copy of the example (``side``, float64) with the cotangent one
+    backward takes: its gradients, and the size of their terms that sets a gradient's floor
+    where ``|oracle|`` understates it (:func:`judge_leaf`'s ``magnitude``)."""
+
+    template: Template
+    side: Side
+    outs: list[torch.Tensor]  # the oracle's differentiated values that have a cotangent
+    cots: list[torch.Tensor]  # their cotangent, at their dtype
+    seed: int  # seeds the random cotangents of :meth:`probes`
+
+    def grads(self, groups: list[Any]) -> list[torch.Tensor] | None:
+        """The VJP w.r.t. ``groups``' leaves; None when the oracle cannot take it."""
+        leaves = [self.side.leaves[g.index] for g in groups]
+        if any(leaf is None for leaf in leaves):
+            return None
+        grads, err = vjp(self.outs, leaves, self.cots)
+        return None if err is not None else grads
+
+    def probes(self, n: int) -> list[list[torch.Tensor]]:
+        """``n`` random cotangents of this one's mean size (the same ones on every call)."""
+        gen = torch.Generator().manual_seed(self.seed)
+        return [[cotangent(c, gen) * c.abs().mean() for c in self.cots]  # cheap if big
+                for _ in range(n)]
+
+    def terms(self, group: Any) -> torch.Tensor | None:
+        """``sum |term|`` per storage element of an overlapping ``group``
+        (:func:`term_magnitude`): the larger of the terms for this cotangent and for a random
+        one of the same mean size, so terms that cancel exactly for a structured cotangent (a
+        constant one through a normalisation of a constant row) still set the floor at the
+        size the implementation rounds at."""
+        terms = term_magnitude(self.template, group, self.side, self.outs, self.cots)
+        other = term_magnitude(self.template, group, self.side, self.outs, self.probes(1)[0])
+        return terms if other is None or terms is None else torch.maximum(terms, other)
+
+    def probe(self, group: Any) -> torch.Tensor | None:
+        """The gradient w.r.t. ``group`` for random cotangents of this one's mean size, root
+        mean square over three (one alone can cancel by chance): the size rounding errors of
+        the terms add up to. None if unknown."""
+        leaf = self.side.leaves[group.index]
+        if leaf is None:
+            return None
+        squares = []
+        for probe in self.probes(3):
+            grads, err = vjp(self.outs, [leaf], probe)
+            if err is not None:
+                return None
+            squares.append(grads[0].abs().to(torch.float64) ** 2)  # |complex| too
+        return (sum(squares) / len(squares)).sqrt()
