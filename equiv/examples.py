@@ -215,6 +215,24 @@ class Template:
             values = values.to(_COMPLEX_OF[dtype])
         return values
 
+    # -- after a call ---------------------------------------------------------------------
+    def gaps(self, g: Group, device: torch.device | None = None) -> torch.Tensor | None:
+        """A bool mask over ``g``'s storage, true where no argument's view reaches (the
+        elements between and around views into a larger storage); None when there are none
+        (always for a simple group)."""
+        if g.simple:
+            return None
+        mask = torch.ones(g.values.numel(), dtype=torch.bool,
+                          device=g.values.device if device is None else device)
+        for j in g.slots:
+            s = self.slots[j]
+            if 0 in s.size:
+                continue
+            # a stride-0 dim repeats its first slice: that slice covers the same elements
+            size = tuple(1 if st == 0 else d for d, st in zip(s.size, s.stride))
+            mask.as_strided(size, s.stride, s.offset).fill_(False)
+        return mask if bool(mask.any()) else None
+
     # -- printing -------------------------------------------------------------------------
     def describe(self, name: str) -> str:
         """``relu_(x=f32[2,3] cpu grad, y=<same tensor as x>)``: dtype, shape, device, grad, and
@@ -463,6 +481,10 @@ class Side:
 
     def versions(self) -> list[int]:
         return [t._version for t in self.tensors]
+
+    def storage(self, g: Group) -> torch.Tensor:
+        """This side's whole storage of group ``g``, flat and detached (a view, no copy)."""
+        return self.tensors[g.slots[0]].detach().as_strided((g.values.numel(),), (1,), 0)
 
     def snapshot(self) -> list[torch.Tensor]:
         with torch.no_grad():

@@ -190,6 +190,46 @@ def test_mutation_catches_an_update_that_forgets_one_argument():
     assert any(f.argument == "v" for f in report.findings)
 
 
+def strided(kinds=("sliced", "window")):
+    """One f64[3,4] tensor laid out as a view into a larger storage (gaps hold 77.0)."""
+    return st.tuples(tensors(shape=(3, 4), dtype=torch.float64,
+                             layout=st.sampled_from(kinds)))
+
+
+def raw_storage(x):
+    """The whole storage under ``x``, through a tensor with its own version counter."""
+    return torch.empty(0, dtype=x.dtype).set_(x.untyped_storage())
+
+
+@pytest.mark.parametrize("mutates", [None, {"x": "out"}])
+def test_mutation_catches_a_write_outside_the_arguments_view(mutates):
+    """Writing storage element 0 under a sliced x (outside x, no version counter moved) is a
+    finding, whether or not x is declared mutated."""
+
+    @equivalent_to(relu_ref, mutates=mutates, inputs=strided(("sliced",)))
+    def relu_scribbles(x):
+        if x.storage_offset() > 0:
+            raw_storage(x)[0] = 123.0
+        return x.clamp_(min=0) if mutates else x.clamp(min=0)
+
+    report = failure(relu_scribbles, equiv.MutationMismatch)
+    f = next(f for f in report.findings if "outside" in f.headline)
+    assert f.check == "mutation" and f.argument == "x"
+    assert ("wrote outside its arguments: storage element 0 of x's storage (not part of x) "
+            "changed from 77.0 to 123.0") in f.headline
+
+
+def test_mutation_passes_a_kernel_writing_only_inside_a_strided_view():
+    """A declared write through the raw storage, only at x's own elements, passes."""
+
+    @equivalent_to(relu_ref, mutates={"x": "out"}, inputs=strided())
+    def relu_through_storage(x):
+        raw_storage(x).as_strided(x.shape, x.stride(), x.storage_offset()).clamp_(min=0)
+        return x
+
+    assert equiv.check(relu_through_storage, settings=FAST).ok
+
+
 # --------------------------------------------------------------------------- aliasing
 def test_aliasing_catches_a_fast_path_returning_the_input():
     @equivalent_to(relu_ref, inputs=one())
