@@ -1,5 +1,6 @@
 """``mutation``: mutated arguments end with the reference's final values; no undeclared write
-(by value, or by a moved version counter); no write outside the arguments' views."""
+(by value, or by a moved version counter); no write outside the arguments' views; undeclared
+arguments keep their structure and non-tensor values (lists, dicts, numbers in them)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def _recorded(ex: Any, sink: Sink) -> None:
                 fix=f"declare it with mutates={{{arg!r}: ...}} or avoid the in-place op.")
     for w in outside_writes(template, side):
         _outside(template, w, sink)
+    for name, before, now in template.changed_arguments(side, exempt=spec.mutates):
+        _changed(template, name, before, now, sink)
 
 
 def _outside(template: Template, w: OutsideWrite, sink: Sink) -> None:
@@ -71,6 +74,21 @@ def _outside(template: Template, w: OutsideWrite, sink: Sink) -> None:
                 "values whatever the contract declares.",
         fix="write through the argument tensors themselves, never through their "
             "untyped_storage(), data_ptr() or as_strided with an explicit storage offset.")
+
+
+def _changed(template: Template, name: str, before: str, now: str, sink: Sink) -> None:
+    """A finding for an argument whose containers or non-tensor values the call changed."""
+    holds_tensors = any(s.path.split("[")[0] == name for s in template.slots)
+    what = ("the containers or non-tensor values of argument" if holds_tensors else
+            "the non-tensor argument")
+    sink.finding(
+        NAME, f"the implementation changed {what} {name!r}: {before} -> {now}.",
+        argument=name, exact=True,
+        details="the caller's list, dict or other value is changed in place (appended, a key "
+                "set, an element replaced); the reference leaves it as it was.",
+        fix=f"work on a copy ({name} = copy.deepcopy({name})), "
+            + (f"or declare the write with mutates={{{name!r}: ...}}." if holds_tensors
+               else "or return the new value."))
 
 
 def _vmap(ex: Any, sink: Sink) -> None:

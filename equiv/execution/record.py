@@ -893,6 +893,13 @@ def _check_reference_pure(spec: Spec, template: Template, side: Side,
                 "unchanged). Make it functional, e.g. use x.clamp(min=0) instead of "
                 "x.clamp_(min=0), and declare the implementation's writes with mutates=."
             )
+    changed = template.changed_arguments(side)
+    if changed:
+        name, old, new = changed[0]
+        raise ReferenceError_(
+            f"the reference {spec.reference} modified its argument {name!r} ({old} -> {new}; "
+            "a reference must be pure: it leaves its inputs unchanged, lists and dicts "
+            "included). Make it work on a copy of the argument.")
 
 
 def expected_state(ex: Execution) -> tuple[Side, dict[int, torch.Tensor]]:
