@@ -215,6 +215,59 @@ class Template:
             values = values.to(_COMPLEX_OF[dtype])
         return values
 
+    # -- after a call ---------------------------------------------------------------------
+    def gaps(self, g: Group, device: torch.device | None = None) -> torch.Tensor | None:
+        """A bool mask over ``g``'s storage, true where no argument's view reaches (the
+        elements between and around views into a larger storage); None when there are none
+        (always for a simple group)."""
+        if g.simple:
+            return None
+        mask = torch.ones(g.values.numel(), dtype=torch.bool,
+                          device=g.values.device if device is None else device)
+        for j in g.slots:
+            s = self.slots[j]
+            if 0 in s.size:
+                continue
+            # a stride-0 dim repeats its first slice: that slice covers the same elements
+            size = tuple(1 if st == 0 else d for d, st in zip(s.size, s.stride))
+            mask.as_strided(size, s.stride, s.offset).fill_(False)
+        return mask if bool(mask.any()) else None
+
+    def changed_arguments(self, side: "Side",
+                          exempt: Iterable[str] = ()) -> list[tuple[str, str, str]]:
+        """``(name, before, after)`` for each argument of ``side`` whose structure (containers,
+        dict keys, which tensor sits where) or non-tensor values differ from the example's, as
+        a call that writes into them leaves them; arguments in ``exempt`` are skipped."""
+        marks = [_Mark(self._slot_of_leaf[i], tensor_summary(self.slots[self._slot_of_leaf[i]]))
+                 if i in self._slot_of_leaf else leaf for i, leaf in enumerate(self._leaves)]
+        expected = tree_unflatten(marks, self._spec)
+        skip = set(exempt)
+        out = []
+        for name, want in zip(self.names, expected):
+            if name in skip:
+                continue
+            have = side.bound.arguments[name]
+            if not self._same_argument(want, have, side):
+                out.append((name, _shown(want), _shown(_summarised(have))))
+        return out
+
+    def _same_argument(self, want: Any, have: Any, side: "Side") -> bool:
+        """``have`` (one argument of ``side``) still has the structure and non-tensor values of
+        ``want`` (its template value, tensors marked by :class:`_Mark`), and the same tensors."""
+        def flat(x: Any) -> tuple[list[Any], Any]:
+            return tree_flatten(x, is_leaf=lambda v: v is None)
+        w_leaves, w_spec = flat(want)
+        h_leaves, h_spec = flat(have)
+        if w_spec != h_spec:
+            return False
+        for w, h in zip(w_leaves, h_leaves):
+            if isinstance(w, _Mark):
+                if h is not side.tensors[w.slot]:  # another value where the example's tensor was
+                    return False
+            elif not _same_value(w, h):
+                return False
+        return True
+
     # -- printing -------------------------------------------------------------------------
     def describe(self, name: str) -> str:
         """``relu_(x=f32[2,3] cpu grad, y=<same tensor as x>)``: dtype, shape, device, grad, and
@@ -344,6 +397,49 @@ class _Raw:
         return self.text
 
 
+class _Mark(_Raw):
+    """Where slot ``slot``'s tensor sits in an argument (printed as its summary)."""
+
+    def __init__(self, slot: int, text: str) -> None:
+        super().__init__(text)
+        self.slot = slot
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """``b`` equals the example's non-tensor value ``a``: the same object, both NaN, or equal
+    by an ``__eq__`` of their own; a value equiv cannot compare (no ``__eq__`` but identity,
+    an ``__eq__`` that raises or answers no bool) counts as the same."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and a != a and b != b:
+        return True
+    if type(a).__eq__ is object.__eq__:
+        return True
+    try:
+        same = a == b
+    except Exception:  # the user's __eq__: never a crash of equiv
+        return True
+    return same if isinstance(same, bool) else True
+
+
+def _summarised(value: Any) -> Any:
+    """``value`` with each tensor in it replaced by its summary (``f32[2,3] cpu``)."""
+    leaves, spec = tree_flatten(value, is_leaf=lambda v: v is None)
+    return tree_unflatten([_Raw(tensor_summary(v)) if isinstance(v, torch.Tensor) else v
+                           for v in leaves], spec)
+
+
+def _shown(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a user's ``__repr__`` that raises: "?")."""
+    try:
+        text = repr(value)
+    except Exception:
+        return "<unprintable>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _literal(data: str) -> str:
     """A value list's repr with nan/inf spelled as Python expressions."""
     import re
@@ -463,6 +559,10 @@ class Side:
 
     def versions(self) -> list[int]:
         return [t._version for t in self.tensors]
+
+    def storage(self, g: Group) -> torch.Tensor:
+        """This side's whole storage of group ``g``, flat and detached (a view, no copy)."""
+        return self.tensors[g.slots[0]].detach().as_strided((g.values.numel(),), (1,), 0)
 
     def snapshot(self) -> list[torch.Tensor]:
         with torch.no_grad():

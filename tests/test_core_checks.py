@@ -190,6 +190,142 @@ def test_mutation_catches_an_update_that_forgets_one_argument():
     assert any(f.argument == "v" for f in report.findings)
 
 
+def strided(kinds=("sliced", "window")):
+    """One f64[3,4] tensor laid out as a view into a larger storage (gaps hold 77.0)."""
+    return st.tuples(tensors(shape=(3, 4), dtype=torch.float64,
+                             layout=st.sampled_from(kinds)))
+
+
+def raw_storage(x):
+    """The whole storage under ``x``, through a tensor with its own version counter."""
+    return torch.empty(0, dtype=x.dtype).set_(x.untyped_storage())
+
+
+@pytest.mark.parametrize("mutates", [None, {"x": "out"}])
+def test_mutation_catches_a_write_outside_the_arguments_view(mutates):
+    """Writing storage element 0 under a sliced x (outside x, no version counter moved) is a
+    finding, whether or not x is declared mutated."""
+
+    @equivalent_to(relu_ref, mutates=mutates, inputs=strided(("sliced",)))
+    def relu_scribbles(x):
+        if x.storage_offset() > 0:
+            raw_storage(x)[0] = 123.0
+        return x.clamp_(min=0) if mutates else x.clamp(min=0)
+
+    report = failure(relu_scribbles, equiv.MutationMismatch)
+    f = next(f for f in report.findings if "outside" in f.headline)
+    assert f.check == "mutation" and f.argument == "x"
+    assert ("wrote outside its arguments: storage element 0 of x's storage (not part of x) "
+            "changed from 77.0 to 123.0") in f.headline
+
+
+def test_mutation_passes_a_kernel_writing_only_inside_a_strided_view():
+    """A declared write through the raw storage, only at x's own elements, passes."""
+
+    @equivalent_to(relu_ref, mutates={"x": "out"}, inputs=strided())
+    def relu_through_storage(x):
+        raw_storage(x).as_strided(x.shape, x.stride(), x.storage_offset()).clamp_(min=0)
+        return x
+
+    assert equiv.check(relu_through_storage, settings=FAST).ok
+
+
+def scaled_ref(x, lst):
+    return x * len(lst)
+
+
+def with_value(value):
+    return st.tuples(tensors(shape=(3,), dtype=torch.float64), st.just(value))
+
+
+def _append(lst):
+    lst.append(1)
+
+
+def _set_key(d):
+    d["b"] = 1
+
+
+def _nested_int(lst):
+    lst[1][0] += 1
+
+
+@pytest.mark.parametrize("value, write, after", [
+    ([1, 2], _append, "[1, 2] -> [1, 2, 1]"),
+    ({"a": 1}, _set_key, "{'a': 1} -> {'a': 1, 'b': 1}"),
+    ([1, [2, 3]], _nested_int, "[1, [2, 3]] -> [1, [3, 3]]"),
+])
+def test_mutation_catches_a_changed_non_tensor_argument(value, write, after):
+    """An append, a new dict key or an int changed inside a nested list is a finding."""
+
+    @equivalent_to(scaled_ref, inputs=with_value(value))
+    def scaled_writes(x, lst):
+        out = x * len(lst)
+        write(lst)
+        return out
+
+    report = failure(scaled_writes, equiv.MutationMismatch)
+    f = report.findings[0]
+    assert f.check == "mutation" and f.argument == "lst"
+    assert f"the implementation changed the non-tensor argument 'lst': {after}" in f.headline
+
+
+def test_mutation_catches_a_tensor_replaced_in_a_list_argument():
+    """Swapping the list's tensor for another (same values) changes the caller's list."""
+
+    def first_ref(xs):
+        return xs[0] * 2
+
+    @equivalent_to(first_ref, inputs=st.tuples(st.tuples(
+        tensors(shape=(3,), dtype=torch.float64)).map(list)))
+    def first_swaps(xs):
+        xs[0] = xs[0] * 1
+        return xs[0] * 2
+
+    report = failure(first_swaps, equiv.MutationMismatch)
+    f = next(f for f in report.findings if f.argument == "xs")
+    assert "changed the containers or non-tensor values of argument 'xs'" in f.headline
+    assert "[f64[3] cpu] -> [f64[3] cpu]" in f.headline
+
+
+class Opaque:
+    """A value with identity equality: each side gets its own deep copy."""
+
+
+def test_mutation_passes_a_kernel_reading_its_non_tensor_arguments():
+    """Reading a list (with a NaN and an opaque object in it), even changing and restoring
+    it or replacing values by equal ones, leaves it as it was."""
+
+    def count_ref(x, lst):
+        return x * (len(lst) - 1)
+
+    @equivalent_to(count_ref, inputs=with_value([float("nan"), Opaque(), {"k": [1]}]))
+    def count(x, lst):
+        lst.append(0)
+        lst.pop()
+        lst[0] = lst[0] * 1.0  # another NaN object
+        lst[2]["k"] = list(lst[2]["k"])  # an equal new list
+        return x * sum(1 for v in lst if not isinstance(v, float))
+
+    assert equiv.check(count, settings=FAST).ok
+
+
+def test_mutation_passes_a_declared_mutated_list():
+    """A list declared in mutates= may change: its tensor, and the count it resets."""
+
+    def step_ref(state):
+        return [state[0] + 1, 0]
+
+    @equivalent_to(step_ref, mutates={"state": "out"}, inputs=st.tuples(
+        tensors(shape=(3,), dtype=torch.float64).map(lambda t: [t, 5])))
+    def step_(state):
+        state[0].add_(1)
+        state[1] = 0
+        return state
+
+    assert equiv.check(step_, settings=FAST).ok
+
+
 # --------------------------------------------------------------------------- aliasing
 def test_aliasing_catches_a_fast_path_returning_the_input():
     @equivalent_to(relu_ref, inputs=one())
@@ -583,6 +719,20 @@ def test_a_mutating_reference_is_a_registration_error():
 
     with pytest.raises(equiv.InvalidArgument, match="modified its argument 'x'"):
         equiv.check(relu_copy, settings=FAST)
+
+
+def test_a_reference_changing_its_list_argument_is_a_registration_error():
+    def appending_ref(x, lst):
+        lst.append(0)
+        return x * 2
+
+    @equivalent_to(appending_ref, inputs=with_value([1]))
+    def double(x, lst):
+        return x * 2
+
+    with pytest.raises(equiv.InvalidArgument, match=r"modified its argument 'lst' \(\[1\] -> "
+                                                    r"\[1, 0\]"):
+        equiv.check(double, settings=FAST)
 
 
 class _DoublingRef(torch.autograd.Function):

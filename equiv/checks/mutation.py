@@ -1,12 +1,14 @@
 """``mutation``: mutated arguments end with the reference's final values; no undeclared write
-(by value, or by a moved version counter)."""
+(by value, or by a moved version counter); no write outside the arguments' views; undeclared
+arguments keep their structure and non-tensor values (lists, dicts, numbers in them)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from equiv.compare import compare_leaf, compare_trees
-from equiv.execution.record import Sink, expected_state
+from equiv.examples import Template
+from equiv.execution.record import OutsideWrite, Sink, expected_state, outside_writes
 
 NAME = "mutation"
 
@@ -51,6 +53,42 @@ def _recorded(ex: Any, sink: Sink) -> None:
                 details="a write that leaves values equal (e.g. relu_ on positive inputs) "
                         "still invalidates tensors saved for backward and races with readers.",
                 fix=f"declare it with mutates={{{arg!r}: ...}} or avoid the in-place op.")
+    for w in outside_writes(template, side):
+        _outside(template, w, sink)
+    for name, before, now in template.changed_arguments(side, exempt=spec.mutates):
+        _changed(template, name, before, now, sink)
+
+
+def _outside(template: Template, w: OutsideWrite, sink: Sink) -> None:
+    """A finding for a write into storage elements that belong to no argument."""
+    names = list(dict.fromkeys(template.slots[j].path for j in w.group.slots))
+    where = (f"{names[0]}'s storage (not part of {names[0]})" if len(names) == 1 else
+             f"the storage shared by {', '.join(names)} (not part of any of them)")
+    more = f" (and {w.count - 1} more such elements)" if w.count > 1 else ""
+    sink.finding(
+        NAME, f"the implementation wrote outside its arguments: storage element {w.index} of "
+        f"{where} changed from {w.before!r} to {w.after!r}{more}.", argument=names[0],
+        exact=True,
+        details="an argument may be a view into a larger storage (a slice, an as_strided "
+                "window); the elements around it belong to the caller and must keep their "
+                "values whatever the contract declares.",
+        fix="write through the argument tensors themselves, never through their "
+            "untyped_storage(), data_ptr() or as_strided with an explicit storage offset.")
+
+
+def _changed(template: Template, name: str, before: str, now: str, sink: Sink) -> None:
+    """A finding for an argument whose containers or non-tensor values the call changed."""
+    holds_tensors = any(s.path.split("[")[0] == name for s in template.slots)
+    what = ("the containers or non-tensor values of argument" if holds_tensors else
+            "the non-tensor argument")
+    sink.finding(
+        NAME, f"the implementation changed {what} {name!r}: {before} -> {now}.",
+        argument=name, exact=True,
+        details="the caller's list, dict or other value is changed in place (appended, a key "
+                "set, an element replaced); the reference leaves it as it was.",
+        fix=f"work on a copy ({name} = copy.deepcopy({name})), "
+            + (f"or declare the write with mutates={{{name!r}: ...}}." if holds_tensors
+               else "or return the new value."))
 
 
 def _vmap(ex: Any, sink: Sink) -> None:

@@ -12,7 +12,7 @@ from equiv._compat import tree_flatten
 from equiv._settings import settings as Settings
 from equiv.compare import Mismatch, align, compare_leaf, compare_trees
 from equiv.errors import InvalidArgument
-from equiv.examples import Args, Side, Template
+from equiv.examples import Args, Group, Side, Template
 from equiv.execution.calls import brief, call, cast_like, cotangent, detached_clone, is_diff
 from equiv.execution.calls import isolated, user_error
 from equiv.execution.calls import leaves as leaves_of
@@ -908,6 +908,13 @@ def _check_reference_pure(spec: Spec, template: Template, side: Side,
                 "unchanged). Make it functional, e.g. use x.clamp(min=0) instead of "
                 "x.clamp_(min=0), and declare the implementation's writes with mutates=."
             )
+    changed = template.changed_arguments(side)
+    if changed:
+        name, old, new = changed[0]
+        raise ReferenceError_(
+            f"the reference {spec.reference} modified its argument {name!r} ({old} -> {new}; "
+            "a reference must be pure: it leaves its inputs unchanged, lists and dicts "
+            "included). Make it work on a copy of the argument.")
 
 
 def expected_state(ex: Execution) -> tuple[Side, dict[int, torch.Tensor]]:
@@ -948,6 +955,44 @@ def state_with(template: Template, finals: dict[str, Any], device: Any,
                     j = next(j for j, e in enumerate(expected.tensors) if e is t)
                     unrepresentable[j] = f.detach().to(t.dtype)
     return expected, unrepresentable
+
+
+@dataclasses.dataclass(frozen=True)
+class OutsideWrite:
+    """Elements of one storage group that no argument's view reaches, changed by a call:
+    how many, and the first (its storage index, value before and after)."""
+
+    group: Group
+    count: int
+    index: int
+    before: Any
+    after: Any
+
+
+def outside_writes(template: Template, side: Side) -> list[OutsideWrite]:
+    """The writes ``side``'s call made outside every argument's view, one per storage group
+    (only groups that are views into larger storages have such elements)."""
+    out = []
+    for g in template.groups:
+        if g.simple:
+            continue
+        now = side.storage(g)
+        gaps = template.gaps(g, now.device)
+        if gaps is None:
+            continue
+        before = g.values.to(now.device)
+        changed = (_differs(now, before) & gaps).nonzero().reshape(-1)
+        if changed.numel():
+            k = int(changed[0])
+            out.append(OutsideWrite(g, changed.numel(), k, before[k].item(), now[k].item()))
+    return out
+
+
+def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise: ``a`` differs from ``b`` (NaN equal to NaN)."""
+    if a.dtype.is_floating_point or a.dtype.is_complex:
+        return ~((a == b) | (a.isnan() & b.isnan()))
+    return a != b
 
 
 def cotangent_written(ex: Execution, b: Backward, n: int) -> list[tuple[str, str, Mismatch, str]]:
