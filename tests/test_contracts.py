@@ -328,6 +328,8 @@ def test_interleaved_forwards_catch_state_stashed_on_the_class():
     assert "schedule 'interleaved-forwards': gradient w.r.t. 'x' on backward #1 differs" \
         in f.headline
     assert "schedule: forward -> forward -> backward 1 -> backward 2" in f.details
+    assert f.likely_cause.startswith("state shared between calls: the second forward overwrote")
+    assert "never on the class, the module or a global" in f.fix
 
 
 def test_interleaved_forwards_pass_a_function_keeping_everything_on_ctx():

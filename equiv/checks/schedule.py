@@ -34,6 +34,15 @@ from equiv.execution.verdict import rounding_only
 NAME = "schedule"
 
 
+_SAVE_FIX = ("save what backward needs with ctx.save_for_backward (autograd then raises) or "
+             "save a clone.")
+_SHARED_STATE = ("state shared between calls: the second forward overwrote what the first "
+                 "forward's backward reads (an attribute of the Function class or of a module, a "
+                 "global or a cache), so backward #1 saw forward #2's values.")
+_SHARED_STATE_FIX = ("keep each call's state on its own ctx (ctx.save_for_backward, or ctx "
+                     "attributes for non-tensors), never on the class, the module or a global.")
+
+
 def builtin_schedules(plan: Script) -> list[Schedule]:
     """The built-in schedules that apply to this example."""
     out = []
@@ -177,14 +186,15 @@ def _compare(ex: Execution, sink: Sink, plan: Script, schedule: Schedule, cots: 
                           "bug, not a schedule one)")
                 return
             cause, events = replay(ex, schedule, ex.spec.impl, cots, sink, plan)
+            fix = None if cause else _SAVE_FIX
+            if cause is None and schedule.name == "interleaved-forwards":
+                cause, fix = _SHARED_STATE, _SHARED_STATE_FIX
             n = len(sink.findings)
             sink.finding(
                 NAME,
                 f"schedule {schedule.name!r}: gradient w.r.t. {name!r} on backward #{k} differs "
                 "from the reference's at forward-time values, and autograd raised no error.",
-                argument=name, mismatch=m, likely_cause=cause,
-                fix=None if cause else "save what backward needs with ctx.save_for_backward "
-                                       "(autograd then raises) or save a clone.",
+                argument=name, mismatch=m, likely_cause=cause, fix=fix,
             )
             if len(sink.findings) > n:  # the numbers, after what was run
                 sink.findings[-1] = dataclasses.replace(
