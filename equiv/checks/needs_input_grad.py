@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from equiv.errors import error_text
 from equiv.examples import Template
 from equiv.execution.calls import cotangent, format_tb, vjp
 from equiv.execution.graph import function_nodes, slot_explanation
@@ -70,7 +71,7 @@ def run(ex: Execution, sink: Sink) -> None:
         if exc is not None:
             sink.finding(NAME, f"the implementation raised {type(exc).__name__} "
                         f"{when}, where the reference returned.",
-                        details=f"{type(exc).__name__}: {str(exc)[:400]}",
+                        details=f"{type(exc).__name__}: {error_text(exc)[:400]}",
                         tb=format_tb(exc))
             return
         if done is None:
@@ -97,7 +98,7 @@ def run(ex: Execution, sink: Sink) -> None:
                 "compute the gradient of every input for which ctx.needs_input_grad[i] is True, "
                 "and return None for the others.")
             sink.finding(NAME, f"{when[0].upper()}{when[1:]}: {headline}",
-                        details=f"{type(err).__name__}: {str(err)[:400]}",
+                        details=f"{type(err).__name__}: {error_text(err)[:400]}",
                         tb=format_tb(err), fix=fix)
             return
         oracle = _lazy_oracle(ex, done, cots)

@@ -11,7 +11,7 @@ import torch
 from equiv._compat import tree_flatten
 from equiv._settings import settings as Settings
 from equiv.compare import Mismatch, align, compare_leaf, compare_trees
-from equiv.errors import InvalidArgument
+from equiv.errors import InvalidArgument, error_text
 from equiv.examples import Args, Side, Template
 from equiv.execution.calls import brief, call, cast_like, cotangent, detached_clone, is_diff
 from equiv.execution.calls import isolated, user_error
@@ -234,12 +234,12 @@ def reference_run(spec: Spec, fn: Callable[..., Any], side: Side,
     if exc is not None:
         dtype = next((t.dtype for t in side.tensors if t.dtype.is_floating_point), None)
         run.why = (f"the reference raised {type(exc).__name__} in "
-                   f"{str(dtype).replace('torch.', '')}: {str(exc)[:120]}")
+                   f"{str(dtype).replace('torch.', '')}: {error_text(exc)[:120]}")
         return run
     try:
         expected, run.finals, consumed = split(spec, result)
     except ReferenceError_ as e:
-        run.why = str(e)[:160]
+        run.why = error_text(e)[:160]
         return run
     run.values = named_values(expected, run.finals, consumed)
     return run
@@ -333,7 +333,7 @@ class Execution:
         """Why the example is invalid input (both raised the same type of error), else None."""
         r, i = self.ref_exc, self.impl_exc
         if r is not None and i is not None and isinstance(i, type(r)):
-            return f"the reference raised {type(r).__name__}: {str(r)[:200]}"
+            return f"the reference raised {type(r).__name__}: {error_text(r)[:200]}"
         return None
 
     # -- more runs, through the core ----------------------------------------------------------
@@ -728,7 +728,7 @@ class Execution:
             if not user_error(e):
                 raise
             return None, (f"finite differences failed (the reference raised "
-                          f"{type(e).__name__} in float64: {str(e)[:120]})")
+                          f"{type(e).__name__} in float64: {error_text(e)[:120]})")
 
     def measure(self, which: str) -> Any:
         """Peak and retained bytes of one side over forward + backward on a fresh copy
