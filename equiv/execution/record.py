@@ -857,7 +857,7 @@ def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
     ex.impl_history = (before, [(t.grad_fn, t._version, t.requires_grad)
                                 for t in impl_side.tensors])
     for who, result in (("reference", ex.ref_result), ("implementation", ex.impl_result)):
-        _strided_only(spec, who, result)
+        _comparable_only(spec, who, result)
     if not ex.valid:
         return ex
     expected, finals, consumed = split(spec, ex.ref_result)
@@ -871,14 +871,39 @@ def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
     return ex
 
 
-def _strided_only(spec: Spec, who: str, result: Any) -> None:
+def _comparable_only(spec: Spec, who: str, result: Any) -> None:
+    """Raise :class:`InvalidArgument` when ``who``'s result holds a tensor equiv cannot
+    compare (:func:`_incomparable`), naming the side, the output and what to return."""
     for path, leaf in leaves_of(result):
-        if isinstance(leaf, torch.Tensor) and leaf.layout != torch.strided:
+        found = _incomparable(leaf) if isinstance(leaf, torch.Tensor) else None
+        if found is not None:
+            what, fix = found
             name = spec.reference if who == "reference" else spec.implementation
             raise InvalidArgument(
-                f"the {who} {name} returned a tensor with layout {leaf.layout} at "
-                f"output{path}: equiv compares strided tensors only (values, views, gradients). "
+                f"the {who} {name} returned {what} at output{path}: equiv compares dense "
+                f"tensors with values only (values, views, gradients). {fix}")
+
+
+def _incomparable(t: torch.Tensor) -> tuple[str, str] | None:
+    """(what ``t`` is, the fix) for a tensor equiv does not compare: a nested tensor, a tensor
+    subclass with its own ``__torch_dispatch__`` (``MaskedTensor``...), a non-strided tensor, a
+    meta tensor (no values); None for one it compares."""
+    if t.is_nested:
+        return ("a nested tensor", "Check a wrapper that returns .unbind() (a tuple of "
+                "tensors) or .to_padded_tensor(0) on both sides.")
+    kind = type(t)
+    if getattr(kind, "__torch_dispatch__", None) is not torch.Tensor.__torch_dispatch__:
+        return (f"a {kind.__name__} (a tensor subclass with its own __torch_dispatch__)",
+                "Check a wrapper that returns the plain tensors it holds on both sides (for a "
+                "MaskedTensor: .get_data() and .get_mask()).")
+    if t.layout != torch.strided:
+        return (f"a tensor with layout {t.layout}",
                 "Check a wrapper that returns .to_dense() on both sides.")
+    if t.is_meta:
+        return ("a tensor on the meta device (it holds no values)",
+                "Check on a real device, or, to check shapes only, a wrapper that returns "
+                "(t.shape, t.dtype) on both sides.")
+    return None
 
 
 def _check_reference_pure(spec: Spec, template: Template, side: Side,
