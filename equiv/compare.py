@@ -10,6 +10,7 @@ from typing import Any, Iterator
 import torch
 
 from equiv._compat import default_tolerances, keystr, tree_flatten_with_path
+from equiv.errors import user_error
 from equiv.examples import tensor_summary
 
 
@@ -208,7 +209,9 @@ def _compare_objects(actual: Any, expected: Any, path: str) -> Mismatch | None:
     and ``==``."""
     try:
         same = type(actual) is type(expected) and bool(actual == expected)
-    except Exception:  # an object whose == raises or is not a truth value
+    except BaseException as e:  # an object whose == raises or is not a truth value
+        if not user_error(e):
+            raise
         same = actual is expected
     if same:
         return None

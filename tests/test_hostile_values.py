@@ -1,10 +1,15 @@
 """Hostile values: outputs equiv cannot compare (meta, nested, tensor subclasses) are a clean
 InvalidArgument naming the side, the output and the fix; outputs it can (complex32, a bool
 against an int) are compared, a difference being a finding; a user exception whose ``__str__``
-raises is shown as ``<unprintable ...>`` and compared as such. Each broken case has a correct
-twin that passes."""
+raises is shown as ``<unprintable ...>`` and compared as such; ``SystemExit`` from user code is
+a finding or a clean InvalidArgument, never a raw exception group of equiv's signals, while
+``KeyboardInterrupt`` still propagates. Each broken case has a correct twin that passes."""
 
 from __future__ import annotations
+
+import io
+import sys
+import textwrap
 
 import hypothesis.strategies as st
 import pytest
@@ -12,6 +17,7 @@ import torch
 
 import equiv
 from equiv import equivalent_to
+from equiv.cli import main
 from equiv.strategies import tensors
 from tests.conftest import FAST
 
@@ -173,6 +179,22 @@ def test_the_same_bool_passes():
     passes(true)
 
 
+class _ExitsOnEq:
+    def __eq__(self, other):
+        raise SystemExit(5)
+
+    __hash__ = object.__hash__
+
+
+def test_an_output_whose_eq_exits_compares_by_identity():
+    @equivalent_to(lambda x: _ExitsOnEq(), inputs=X3, grads=False)
+    def other(x):
+        return _ExitsOnEq()
+
+    (f,) = check(other).findings
+    assert f.check == "forward" and "compared with ==" in f.details
+
+
 # -- user exceptions whose __str__ raises ---------------------------------------------------------
 class Unprintable(Exception):
     def __str__(self):
@@ -255,3 +277,232 @@ def test_unprintable_error_inputs_compare_by_their_shown_text():
         return x * 2
 
     passes(impl)
+
+
+# -- SystemExit from user code --------------------------------------------------------------------
+def _run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+EXITING_REFERENCE = '''
+    import sys
+    from equiv import equivalent_to
+
+    def ref(x):
+        raise SystemExit
+
+    @equivalent_to(ref)
+    def impl(x):
+        return x * 2
+'''
+
+
+def test_a_reference_raising_system_exit_on_derived_inputs_is_one_clean_finding(tmp_path):
+    path = tmp_path / "exiting_reference.py"
+    path.write_text(textwrap.dedent(EXITING_REFERENCE))
+    code, out, err = _run_cli("check", str(path), "--modes", "eager", "--max-examples", "15",
+                              "--seed", "1234")
+    assert code == 1, out + err
+    assert "ErrorMismatch: the reference raised SystemExit" in out
+    assert "ExceptionGroup" not in out + err and "_Found" not in out + err
+
+
+def test_a_reference_raising_system_exit_is_an_error_parity_finding():
+    def ref(x):
+        sys.exit(2)
+
+    @equivalent_to(ref)
+    def impl(x):
+        return x * 2
+
+    with pytest.raises(equiv.ErrorMismatch) as info:
+        equiv.check(impl, settings=FIXED, modes=("eager",))
+    assert all(f.check == "error-parity" for f in info.value.report.findings)
+
+
+def test_a_strategy_raising_system_exit_is_invalid_naming_it():
+    @equivalent_to(lambda x: x * 2, inputs=X3.map(lambda a: sys.exit(4)))
+    def impl(x):
+        return x * 2
+
+    with pytest.raises(equiv.InvalidArgument) as info:
+        check(impl)
+    text = str(info.value)
+    assert "raised SystemExit (4)" in text and "test_hostile_values.py" in text
+    assert "raise an exception instead" in text
+    assert isinstance(info.value.__cause__, SystemExit)
+
+
+def test_a_reference_exit_where_derived_inputs_probe_it_is_not_smooth():
+    from equiv.strategies._derived import smooth_at
+
+    def exits(x):
+        raise SystemExit(1)
+
+    assert smooth_at(exits, [torch.zeros(3)], {}, {0: [1]}) is False
+
+
+def test_a_reference_exit_where_broadcast_inputs_probe_it_rejects_them():
+    import inspect
+
+    from equiv._args import Args
+    from equiv.strategies import _accepts
+
+    def exits(x):
+        raise SystemExit(1)
+
+    assert _accepts(exits, Args(torch.zeros(3)), inspect.signature(exits), {}) is False
+
+
+def test_a_strategy_exiting_in_the_compile_probe_is_left_to_the_run():
+    from equiv.strategies._compile import prefer_sides_of_two
+
+    exiting = X3.map(lambda a: sys.exit(4))
+    assert prefer_sides_of_two(exiting) is exiting
+
+
+def test_a_reference_exiting_in_float64_only_leaves_no_oracle():
+    def ref(x):
+        if x.dtype == torch.float64:
+            sys.exit(1)
+        return x * 3
+
+    @equivalent_to(ref, inputs=X3, grads=False)
+    def impl(x):
+        return x * 3 + 1e-3  # beyond the default tolerance: the verdict asks the oracle
+
+    report = check(impl)
+    assert [f.check for f in report.findings] == ["forward"]
+    assert any("no float64 oracle" in n and "SystemExit" in n for n in report.notes)
+
+
+def test_run_reference_keeps_a_reference_exit_as_its_error():
+    from equiv.numerics import run_reference
+
+    def exits(x):
+        raise SystemExit(2)
+
+    runs = run_reference(exits, (torch.zeros(3, dtype=torch.float64),))
+    assert isinstance(runs.oracle_error, SystemExit) and runs.oracle is None
+
+
+class _ExitsInDoubleBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the double backward's first pass
+            sys.exit(6)
+        return 2 * x * g
+
+
+def test_a_backward_exiting_under_double_backward_is_a_finding():
+    @equivalent_to(lambda x: x * x, inputs=st.tuples(tensors(shape=(3,), requires_grad=True)))
+    def square(x):
+        return _ExitsInDoubleBackward.apply(x)
+
+    findings = check(square).findings
+    assert [f.check for f in findings] == ["double-backward"]
+    assert "raised SystemExit" in findings[0].headline
+
+
+def test_a_module_constructor_exiting_or_unprintable_is_invalid_naming_it():
+    from torch import nn
+
+    class Linear(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.lin = nn.Linear(dim, dim)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    class Exits(Linear):
+        def __init__(self, dim):
+            sys.exit(3)
+
+    class Broken(Linear):
+        def __init__(self, dim):
+            raise Unprintable("no")
+
+    with pytest.raises(equiv.InvalidArgument, match=r"Exits\(\*\*init\) raised SystemExit: 3"):
+        equivalent_to(Linear, init=dict(dim=3))(Exits)
+    with pytest.raises(equiv.InvalidArgument, match="raised Unprintable") as info:
+        equivalent_to(Linear, init=dict(dim=3))(Broken)
+    assert UNPRINTABLE in str(info.value)
+
+
+def _fails_on_large(args):
+    if float(args[0].abs().max()) > 1:
+        raise ValueError("strategy broke")
+    return args
+
+
+def test_a_strategy_error_propagates_as_itself():
+    @equivalent_to(lambda x: x * 2, inputs=X3.map(_fails_on_large))
+    def wrong(x):
+        return x * 3
+
+    with pytest.raises(ValueError, match="strategy broke"):
+        check(wrong)
+
+
+def _drive_raising(error: BaseException) -> None:
+    """equiv.run._drive on a Hypothesis test that raised ``error`` beside a finding."""
+    from equiv.modes import parse_mode
+    from equiv.report import Finding
+    from equiv.run import _drive, _signal
+    from equiv.spec import get_spec
+
+    @equivalent_to(lambda x: x * 2, inputs=X3)
+    def impl(x):
+        return x * 2
+
+    finding = Finding(check="forward", headline="output differs", spec="s", implementation="i",
+                      reference="r", mode="eager", device="cpu")
+
+    def wrapped():
+        raise BaseExceptionGroup("two bugs", [_signal("forward")([finding]), error])
+
+    _drive(get_spec(impl), parse_mode("eager"), "cpu", wrapped, [])
+
+
+def test_an_exit_beside_a_finding_is_invalid_naming_it_without_equivs_signals():
+    with pytest.raises(equiv.InvalidArgument, match=r"raised SystemExit \(3\)") as info:
+        _drive_raising(SystemExit(3))
+    assert isinstance(info.value.__cause__, SystemExit)
+
+
+def test_a_user_error_beside_a_finding_is_raised_alone():
+    with pytest.raises(ValueError, match="strategy broke"):
+        _drive_raising(ValueError("strategy broke"))
+
+
+def test_keyboard_interrupt_from_the_reference_still_propagates():
+    def ref(x):
+        raise KeyboardInterrupt
+
+    @equivalent_to(ref)
+    def impl(x):
+        return x * 2
+
+    with pytest.raises(KeyboardInterrupt):
+        check(impl)
+
+
+def test_keyboard_interrupt_from_a_strategy_still_propagates():
+    def interrupt(a):
+        raise KeyboardInterrupt
+
+    @equivalent_to(lambda x: x * 2, inputs=X3.map(interrupt))
+    def impl(x):
+        return x * 2
+
+    with pytest.raises(KeyboardInterrupt):
+        check(impl)

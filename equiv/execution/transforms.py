@@ -229,9 +229,11 @@ def _batched_vjp(spec: Spec, cfg: Settings, example: Args, cot_seed: int, mode: 
             grads = torch.autograd.grad([i for _, i, _ in pairs], ex.leaves("impl"), cots,
                                         retain_graph=True, allow_unused=True,
                                         is_grads_batched=True)
-    except Exception as e:  # the user's backward raised under vmap
-        text = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        if any(w in str(e) for w in _BATCHED_UNSUPPORTED):
+    except BaseException as e:  # the user's backward raised under vmap
+        if not user_error(e):
+            raise
+        text = f"{type(e).__name__}: {error_text(e).splitlines()[0][:200] if error_text(e) else ''}"
+        if any(w in error_text(e) for w in _BATCHED_UNSUPPORTED):
             out.unsupported = text
         else:
             out.error = e
