@@ -10,6 +10,7 @@ from typing import Any, Iterator
 import torch
 
 from equiv._compat import default_tolerances, keystr, tree_flatten_with_path
+from equiv.errors import user_error
 from equiv.examples import tensor_summary
 
 
@@ -99,35 +100,79 @@ def compare_leaf(actual: Any, expected: Any, *, rtol: float | None, atol: float 
     a_t, e_t = isinstance(actual, torch.Tensor), isinstance(expected, torch.Tensor)
     if a_t != e_t:
         return Mismatch(path, f"expected {_short(expected)}, got {_short(actual)}")
-    if not a_t and not (_numeric(actual) and _numeric(expected)):
+    if a_t:
+        return _compare_tensors(actual, expected, rtol=rtol, atol=atol, path=path, exact=exact)
+    if not (_numeric(actual) and _numeric(expected)):
         return _compare_objects(actual, expected, path)
-    if a_t and (actual.layout != torch.strided or expected.layout != torch.strided):
+    return _compare_numbers(actual, expected, rtol=rtol, atol=atol, path=path, exact=exact)
+
+
+def _compare_tensors(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float | None,
+                     atol: float | None, path: str, exact: bool) -> Mismatch | None:
+    """Two tensors: bitwise equal, else within tolerance, else the numbers of the mismatch."""
+    if actual.dtype == expected.dtype == torch.complex32:
+        # no comparison kernels for complex32: compare in complex64 at complex32's tolerance
+        if rtol is None and not exact:
+            rtol, atol = dtype_tolerance(torch.complex32)
+        actual, expected = actual.to(torch.complex64), expected.to(torch.complex64)
+    if actual.layout != torch.strided or expected.layout != torch.strided:
         if actual.layout != expected.layout:
             return Mismatch(path, f"expected layout {expected.layout}, got {actual.layout}")
         actual, expected = actual.to_dense(), expected.to_dense()
-    if (a_t and actual.dtype == expected.dtype and actual.shape == expected.shape
+    if (actual.dtype == expected.dtype and actual.shape == expected.shape
             and actual.device == expected.device and torch.equal(actual, expected)):
         return None  # fast path: bitwise equal (NaN never is, so those take the full path)
     if exact:
         rtol, atol = 0.0, 0.0
-    kwargs: dict[str, Any] = {"equal_nan": True, "check_stride": False}
-    if rtol is None and e_t:
+    if rtol is None:
         rtol, atol = _DTYPE_TOLERANCES.get().get(expected.dtype, (None, None))
+    if not exact and _close_fast(actual, expected, rtol, atol):
+        return None
+    lines = _not_close(actual, expected, rtol, atol)
+    if lines is None:
+        return None
+    if actual.shape == expected.shape and actual.dtype == expected.dtype:
+        max_abs, max_rel, index = _numbers(actual, expected)
+        return Mismatch(path, "\n".join(lines), max_abs, max_rel, index)
+    return Mismatch(path, "\n".join(lines))
+
+
+def _compare_numbers(actual: Any, expected: Any, *, rtol: float | None, atol: float | None,
+                     path: str, exact: bool) -> Mismatch | None:
+    """Python and NumPy numbers: a bool against a number differs in type, as ``1`` against
+    ``1.0`` does; what ``assert_close`` cannot pair compares by type and ``==``."""
+    if _boolean(actual) != _boolean(expected):
+        return Mismatch(path, f"The types do not match: expected {_short(expected)}, got "
+                              f"{_short(actual)}.")
+    if exact:
+        rtol, atol = 0.0, 0.0
+    try:
+        lines = _not_close(actual, expected, rtol, atol)
+    except (TypeError, RuntimeError):  # a pair of types assert_close has no comparison for
+        return _compare_objects(actual, expected, path)
+    return None if lines is None else Mismatch(path, "\n".join(lines))
+
+
+def _not_close(actual: Any, expected: Any, rtol: float | None,
+               atol: float | None) -> list[str] | None:
+    """``assert_close``'s lines saying how the two differ (NaN equal to NaN, strides ignored),
+    or None when they are close."""
+    kwargs: dict[str, Any] = {"equal_nan": True, "check_stride": False}
     if rtol is not None:
         kwargs.update(rtol=rtol, atol=atol)
-    if a_t and not exact and _close_fast(actual, expected, rtol, atol):
-        return None
     try:
         torch.testing.assert_close(actual, expected, **kwargs)
     except AssertionError as e:
         lines = [ln for ln in str(e).splitlines() if ln.strip()]
-        if lines and lines[0].endswith("are not close!"):
-            lines = lines[1:]
-        if a_t and actual.shape == expected.shape and actual.dtype == expected.dtype:
-            max_abs, max_rel, index = _numbers(actual, expected)
-            return Mismatch(path, "\n".join(lines), max_abs, max_rel, index)
-        return Mismatch(path, "\n".join(lines))
+        return lines[1:] if lines and lines[0].endswith("are not close!") else lines
     return None
+
+
+def _boolean(x: Any) -> bool:
+    """A Python or NumPy bool (scalar)."""
+    return isinstance(x, bool) or (type(x).__module__ == "numpy"
+                                   and getattr(x, "dtype", None) is not None
+                                   and x.dtype.kind == "b" and getattr(x, "ndim", 1) == 0)
 
 
 #: below this many elements assert_close's own check is as fast
@@ -164,7 +209,9 @@ def _compare_objects(actual: Any, expected: Any, path: str) -> Mismatch | None:
     and ``==``."""
     try:
         same = type(actual) is type(expected) and bool(actual == expected)
-    except Exception:  # an object whose == raises or is not a truth value
+    except BaseException as e:  # an object whose == raises or is not a truth value
+        if not user_error(e):
+            raise
         same = actual is expected
     if same:
         return None

@@ -73,6 +73,28 @@ class MemoryMismatch(EquivalenceFailure):
     """The memory contract (peak ratio, retained bytes) was violated."""
 
 
+def user_error(e: BaseException) -> bool:
+    """True for an exception raised by the user's code that is evidence about it: every
+    ``Exception``, and ``SystemExit``/``GeneratorExit``-like ``BaseException``s; never
+    ``KeyboardInterrupt`` nor equiv's own signals (``NotCompiled``, ``ExampleTimeout``)."""
+    if isinstance(e, Exception):
+        return True
+    if isinstance(e, KeyboardInterrupt):
+        return False
+    return not type(e).__module__.startswith("equiv")
+
+
+def error_text(exc: BaseException) -> str:
+    """``str(exc)`` for messages and comparisons; ``<unprintable E: __str__ raised
+    RuntimeError>`` when the exception's ``__str__`` raises or returns no string."""
+    try:
+        return str(exc)
+    except BaseException as e:  # the user's __str__ failed: its failure is the text
+        if not user_error(e):
+            raise
+        return f"<unprintable {type(exc).__name__}: __str__ raised {type(e).__name__}>"
+
+
 for _cls in (
     EquivError, InvalidArgument, InternalError, EquivalenceFailure, OutputMismatch, MutationMismatch,
     AliasingMismatch, GradientMismatch, ErrorMismatch, ScheduleMismatch, MemoryMismatch,

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from equiv import spec as _spec
-from equiv.errors import InvalidArgument
+from equiv.errors import InvalidArgument, error_text, user_error
 from equiv._args import Args, as_args
 from equiv.strategies import arguments_for, shapes, tensors
 from equiv.strategies._compile import compiling
@@ -60,11 +60,13 @@ def _build(side: Any, init: Mapping[str, Any], which: str) -> nn.Module:
         return copy.deepcopy(side)
     try:
         m = side(**init)
-    except Exception as e:
+    except BaseException as e:  # the user's constructor raised (SystemExit too)
+        if not user_error(e):
+            raise
         raise InvalidArgument(
             f"equivalent_to(init={dict(init)!r}): building the {which} {_label(side)}(**init) "
-            f"raised {type(e).__name__}: {str(e)[:200]}. Give init= the constructor's keyword "
-            "arguments."
+            f"raised {type(e).__name__}: {error_text(e)[:200]}. Give init= the constructor's "
+            "keyword arguments."
         ) from None
     if not isinstance(m, nn.Module):
         raise InvalidArgument(

@@ -24,6 +24,7 @@ import torch
 
 from equiv._compat import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 from equiv.compare import Mismatch, compare_leaf, dtype_tolerance
+from equiv.errors import user_error
 
 #: default k per check: outputs (and final values of mutated arguments), first-order
 #: gradients, second-order gradients (double backward)
@@ -139,7 +140,9 @@ def _call(ref: Callable[..., Any], args: Any) -> tuple[Any, BaseException | None
             if isinstance(args, dict):
                 return ref(**args), None
             return ref(*args), None
-    except Exception as e:  # the reference raised (e.g. float64 unsupported): evidence
+    except BaseException as e:  # the reference raised (e.g. float64 unsupported): evidence
+        if not user_error(e):
+            raise
         return None, e
 
 
@@ -557,7 +560,9 @@ def _oracle_vjp(values: Mapping[str, torch.Tensor], leaves: Mapping[str, torch.T
     cots = [cotangent[n].detach().to(device=o.device, dtype=o.dtype) for n, o in zip(names, outs)]
     try:
         grads = torch.autograd.grad(outs, list(leaves.values()), cots, allow_unused=True)
-    except Exception as e:  # the reference's backward raised in float64
+    except BaseException as e:  # the reference's backward raised in float64
+        if not user_error(e):
+            raise
         notes.append(f"the float64 oracle's backward raised {type(e).__name__}; gradients "
                      "compared with the per-dtype default")
         return None

@@ -37,7 +37,7 @@ from equiv.checks import (
     schedule,
     state_across_calls,
 )
-from equiv.errors import EquivError, InternalError
+from equiv.errors import EquivError, InternalError, error_text
 from equiv.examples import Template
 from equiv.execution.calls import isolated, leaves
 from equiv.execution.record import Placement, Sink, check_mutated, execute
@@ -136,7 +136,7 @@ def _execute(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun
     if kind == "functionalize" and ex.ref_exc is None and _unsupported(ex.impl_exc):
         state.unsupported = (f"unsupported: the implementation cannot run under functionalize "
                              f"({type(ex.impl_exc).__name__}: "
-                             f"{str(ex.impl_exc).splitlines()[0][:200]})")
+                             f"{error_text(ex.impl_exc).splitlines()[0][:200]})")
         return Outcome([], None, sink.notes, ex.template)
     sink.template, sink.dtype = ex.template, ex.template.dtype
     why = ex.rejection()
@@ -165,7 +165,7 @@ _TRANSFORM_UNSUPPORTED = ("must override the setup_context staticmethod",
 
 
 def _unsupported(exc: BaseException | None) -> bool:
-    return exc is not None and any(w in str(exc) for w in _TRANSFORM_UNSUPPORTED)
+    return exc is not None and any(w in error_text(exc) for w in _TRANSFORM_UNSUPPORTED)
 
 
 def _run_checks(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
@@ -192,7 +192,7 @@ def _run_rows(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
         except Exception as e:  # a bug in equiv itself: never disguised as a finding
             raise InternalError(
                 f"equiv failed inside its {row.name!r} check while checking {ex.spec.name} "
-                f"(mode {ex.mode}, device {ex.device}): {type(e).__name__}: {e}. This is a bug "
-                "in equiv, not a finding about your code; please report it with this traceback "
-                "and the example."
+                f"(mode {ex.mode}, device {ex.device}): {type(e).__name__}: {error_text(e)}. "
+                "This is a bug in equiv, not a finding about your code; please report it with "
+                "this traceback and the example."
             ) from e

@@ -20,7 +20,7 @@ from equiv._settings import EXPLICIT_SEED, SKIPPABLE
 from equiv._settings import settings as Settings
 from equiv.compare import dtype_tolerances
 from equiv._catalog import ROWS
-from equiv.errors import GradientMismatch, InvalidArgument
+from equiv.errors import GradientMismatch, InvalidArgument, error_text, user_error
 from equiv.modes import Mode, ModeRun, NotCompiled, device_unavailable, parse_mode
 from equiv._watchdog import ExampleTimeout, per_example
 from equiv.execution.calls import isolated
@@ -514,15 +514,16 @@ def _drive(spec: Spec, mode: Mode, device: str, wrapped: Callable[[], None],
     except FlakyFailure as e:  # before BaseExceptionGroup: FlakyFailure is one
         findings.append(_flaky(spec, mode, device, e))
     except BaseExceptionGroup as group:  # several distinct bugs (one may be flaky)
+        found += [exc for exc in group.exceptions if isinstance(exc, _Found)]
         for exc in group.exceptions:
-            if isinstance(exc, _Found):
-                found.append(exc)
-            elif isinstance(exc, _Abort):
+            if isinstance(exc, _Abort):
                 raise exc.error from None
-            elif isinstance(exc, FlakyFailure):
-                findings.append(_flaky(spec, mode, device, exc))
-            else:
-                raise
+        findings += [_flaky(spec, mode, device, exc) for exc in group.exceptions
+                     if isinstance(exc, FlakyFailure)]
+        escaped = [exc for exc in group.exceptions
+                   if not isinstance(exc, (_Found, FlakyFailure))]
+        if escaped:  # one error stops the spec, without equiv's signals around it
+            raise _escaped(spec, escaped[0])
     except Unsatisfiable:
         if not last_invalid:  # nothing reached either side
             raise InvalidArgument(
@@ -535,7 +536,33 @@ def _drive(spec: Spec, mode: Mode, device: str, wrapped: Callable[[], None],
             f"drawn example (last: {last_invalid[0]}). Make inputs= draw inputs the "
             "reference accepts."
         ) from None
+    except BaseException as e:  # SystemExit from user code that no call of a side caught
+        if not user_error(e) or isinstance(e, Exception):
+            raise
+        raise _escaped(spec, e)
     return found, findings
+
+
+def _escaped(spec: Spec, e: BaseException) -> BaseException:
+    """What to raise for an error that escaped the Hypothesis test outside the calls equiv
+    compares: a user's ``SystemExit``-like exception becomes an InvalidArgument naming it and
+    the frame that raised it (chained to it); any other error is raised as it is."""
+    if isinstance(e, Exception) or not user_error(e):
+        e.__suppress_context__ = True
+        return e
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = (f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno} in "
+             f"{tb.tb_frame.f_code.co_name}") if tb is not None else ""
+    text = error_text(e)[:200]
+    error = InvalidArgument(
+        f"{spec.name}: user code raised {type(e).__name__}{f' ({text})' if text else ''}"
+        f"{where}, outside the calls of the implementation and the reference that equiv "
+        "compares (e.g. in an inputs= strategy), so it is neither side's error; equiv stopped "
+        "this spec. Code under test must not exit the process: raise an exception instead.")
+    error.__cause__ = e
+    return error
 
 
 def _flaky(spec: Spec, mode: Mode, device: str, e: FlakyFailure) -> Finding:

@@ -468,7 +468,7 @@ def poisoning(signature: inspect.Signature, names: tuple[str, ...],
                         pass
         try:
             return fn(*args, **kwargs)
-        except Exception:
+        except BaseException:
             _unpoison(saved)
             raise
 

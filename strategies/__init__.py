@@ -17,6 +17,7 @@ import torch
 from hypothesis import strategies as st
 
 from equiv._args import Args
+from equiv.errors import user_error
 
 from . import _derived
 from ._aliasing import ALIAS_PATTERNS, aliased_arguments
@@ -219,6 +220,8 @@ def _accepts(reference: Callable[..., Any], example: Any, signature: inspect.Sig
             arg = bound.get(name)
             if isinstance(arg, torch.Tensor) and getattr(final, "shape", None) != arg.shape:
                 return False
-    except Exception:
+    except BaseException as e:  # the reference raised (SystemExit too): not accepted
+        if not user_error(e):
+            raise
         return False
     return True

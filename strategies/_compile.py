@@ -17,6 +17,8 @@ import torch
 from hypothesis import strategies as st
 from torch.utils._pytree import tree_leaves
 
+from equiv.errors import user_error
+
 _COMPILING: contextvars.ContextVar[bool] = contextvars.ContextVar("equiv_compiling", default=False)
 
 # compile values: a negative and a positive, non-integers (ints: never 0 or 1); two values,
@@ -100,7 +102,9 @@ def prefer_sides_of_two(strategy: st.SearchStrategy) -> st.SearchStrategy:
                                 suppress_health_check=list(hypothesis.HealthCheck))
     try:
         hypothesis.find(strategy, lambda ex: not _has_unit_side(ex), settings=probe)
-    except Exception:  # NoSuchExample, or an error the run itself will report
+    except BaseException as e:  # NoSuchExample, or an error the run itself will report
+        if not user_error(e):
+            raise
         return strategy
     return strategy.filter(lambda ex: not _has_unit_side(ex))
 

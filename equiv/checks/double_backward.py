@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from equiv.errors import error_text, user_error
 from equiv.execution.calls import cotangent, format_tb
 from equiv.execution.graph import (
     function_class,
@@ -41,26 +42,23 @@ def run(ex: Execution, sink: Sink) -> None:
         cs = [c.to(o.dtype) for c, o in zip(cots, outs)] if cast else cots
         vv = [v.to(leaf.dtype) for v, leaf in zip(vs, leaves)] if cast else vs
         given = [c.clone().requires_grad_() for c in cs]
-        try:
-            first = torch.autograd.grad(outs, leaves, given, create_graph=True, allow_unused=True)
-        except Exception as e:  # the user's backward raised
+        first, e = _grad(outs, leaves, given, create_graph=True)
+        if e is not None:
             return None, e, False
         live = [(g, v) for g, v in zip(first, vv) if g is not None and g.requires_grad]
         if any(is_delayed_error(n) for n in graph_nodes([g for g, _ in live])):
             return None, _OnceDifferentiable(), False
         if not live:
             return [None] * len(leaves), None, False
-        try:
-            h = torch.autograd.grad([g for g, _ in live], leaves, [v for _, v in live],
-                                    allow_unused=True)
-        except Exception as e:
+        h, e = _grad([g for g, _ in live], leaves, [v for _, v in live])
+        if e is not None:
             return None, e, True
         return [None if x is None else x.detach() for x in h], None, True
 
     ref, err, _ = second([r for _, _, r in pairs], r_leaves)
     if err is not None:
         sink.note(f"double backward not compared: the reference's raised "
-                  f"{type(err).__name__}: {str(err)[:160]}")
+                  f"{type(err).__name__}: {error_text(err)[:160]}")
         return
     imp, err, _ = second([i for _, i, _ in pairs], i_leaves)
     labels = sorted({function_label(function_class(n)) for n in
@@ -73,7 +71,7 @@ def run(ex: Execution, sink: Sink) -> None:
             return
         sink.finding(NAME, f"double backward through {who} raised "
                     f"{type(err).__name__} where the reference's did not.",
-                    details=f"{type(err).__name__}: {str(err)[:400]}", tb=format_tb(err),
+                    details=f"{type(err).__name__}: {error_text(err)[:400]}", tb=format_tb(err),
                     fix="make backward differentiable (torch ops only), or decorate it with "
                         "@torch.autograd.function.once_differentiable to declare that it is not.")
         return
@@ -103,6 +101,18 @@ def run(ex: Execution, sink: Sink) -> None:
                         "backward with torch ops, or decorate backward with "
                         "@torch.autograd.function.once_differentiable so double backward raises "
                         "instead of returning a wrong value.")
+
+
+def _grad(outs: list[torch.Tensor], leaves: list[torch.Tensor], cots: list[torch.Tensor],
+          create_graph: bool = False) -> tuple[Any, BaseException | None]:
+    """``torch.autograd.grad`` (unused leaves: None), or the error the user's backward raised."""
+    try:
+        return torch.autograd.grad(outs, leaves, cots, create_graph=create_graph,
+                                   allow_unused=True), None
+    except BaseException as e:  # the user's backward raised (SystemExit too)
+        if not user_error(e):
+            raise
+        return None, e
 
 
 def _lazy_oracle(ex: Execution, done: Any, second: Any, r_leaves: list[torch.Tensor]) -> Any:

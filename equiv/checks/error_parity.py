@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from equiv.compare import compare_leaf
+from equiv.errors import error_text
 from equiv.execution.calls import format_tb
 from equiv.execution.record import Sink
 
@@ -58,7 +59,7 @@ def _recorded(ex: Any, sink: Sink) -> None:
             NAME,
             f"the reference raised {type(ref_exc).__name__} but the implementation{where} "
             "returned normally.",
-            details=f"reference error: {type(ref_exc).__name__}: {str(ref_exc)[:300]}",
+            details=f"reference error: {type(ref_exc).__name__}: {error_text(ref_exc)[:300]}",
             fix="reject this input in the implementation the way the reference does, or "
                 "restrict inputs= to inputs the reference accepts.",
         )
@@ -67,27 +68,27 @@ def _recorded(ex: Any, sink: Sink) -> None:
             NAME,
             f"the implementation{where} raised {type(impl_exc).__name__} where the reference "
             "returned normally.",
-            details=f"{type(impl_exc).__name__}: {str(impl_exc)[:400]}",
+            details=f"{type(impl_exc).__name__}: {error_text(impl_exc)[:400]}",
             tb=format_tb(impl_exc),
-            fix=_LEAF_FIX if "leaf Variable that requires grad" in str(impl_exc) else None,
+            fix=_LEAF_FIX if "leaf Variable that requires grad" in error_text(impl_exc) else None,
         )
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    text = error_text(exc).strip()
     return text.splitlines()[0].strip() if text else ""
 
 
 def _both_raised(ex: Any, sink: Sink) -> None:
     ref_exc, impl_exc, spec = ex.ref_exc, ex.impl_exc, ex.spec
     where = "" if ex.mode == "eager" else f" under {ex.mode}"
-    details = (f"reference: {type(ref_exc).__name__}: {str(ref_exc)[:300]}\n"
-               f"implementation: {type(impl_exc).__name__}: {str(impl_exc)[:300]}")
+    details = (f"reference: {type(ref_exc).__name__}: {error_text(ref_exc)[:300]}\n"
+               f"implementation: {type(impl_exc).__name__}: {error_text(impl_exc)[:300]}")
     want = spec.raises or type(ref_exc)
     if spec.raises is None and not isinstance(impl_exc, want):
         sink.finding(NAME, f"the reference raised {type(ref_exc).__name__} but the "
                      f"implementation{where} raised {type(impl_exc).__name__}: "
-                     f"{str(impl_exc)[:300]}", details=details, tb=format_tb(impl_exc),
+                     f"{error_text(impl_exc)[:300]}", details=details, tb=format_tb(impl_exc),
                      fix="raise the same exception type as the reference.")
         return
     if not isinstance(impl_exc, want) or not isinstance(ref_exc, want):
@@ -99,14 +100,14 @@ def _both_raised(ex: Any, sink: Sink) -> None:
         return
     if spec.match is not None:
         bad = [(n, e) for n, e in (("reference", ref_exc), ("implementation", impl_exc))
-               if not re.search(spec.match, str(e))]
+               if not re.search(spec.match, error_text(e))]
         if bad:
             sink.finding(NAME, f"the {bad[0][0]}'s {type(bad[0][1]).__name__} message does not "
                          f"match match={spec.match!r}.", details=details, tb=format_tb(impl_exc),
                          fix="raise the message the spec's match= regex describes.")
             return
     elif ex.error_input:  # a declared error input: the reference's message is the contract
-        ref_line, impl_text = _first_line(ref_exc), str(impl_exc).strip()
+        ref_line, impl_text = _first_line(ref_exc), error_text(impl_exc).strip()
         ok = impl_text.startswith(ref_line) or (ex.mode != "eager" and ref_line in impl_text)
         if not ok:
             sink.finding(NAME, f"both sides raised {type(ref_exc).__name__}, but the "
@@ -141,5 +142,5 @@ def _transform(sink: Sink, exc: BaseException | None, where: str, ref: str) -> N
     if exc is None:
         return
     sink.finding(NAME, f"the implementation {where} raised {type(exc).__name__} where {ref} "
-                 "returned.", details=f"{type(exc).__name__}: {str(exc)[:400]}",
+                 "returned.", details=f"{type(exc).__name__}: {error_text(exc)[:400]}",
                  tb=format_tb(exc))

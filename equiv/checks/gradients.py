@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from equiv.compare import compare_leaf
+from equiv.errors import error_text
 from equiv.execution.calls import format_tb
 from equiv.execution.graph import slot_explanation
 from equiv.execution.record import Sink, cotangent_written, kink_cause, name_cotangent
@@ -64,7 +65,7 @@ def _first_backward(ex: Any, sink: Sink) -> None:
     ref, err = ex.ref_grads(1)
     if err is not None:
         _finite_differences(ex, sink, f"reference backward raised {type(err).__name__}: "
-                                      f"{str(err)[:200]}")
+                                      f"{error_text(err)[:200]}")
         return
     b = ex.backward(1)
     if b.error is not None:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from equiv.errors import error_text
 from equiv.examples import Template
 from equiv.execution.calls import cotangent, format_tb, vjp
 from equiv.execution.graph import function_nodes, slot_explanation
@@ -79,7 +80,7 @@ def run(ex: Execution, sink: Sink) -> None:
         if exc is not None:
             sink.finding(NAME, f"the implementation raised {type(exc).__name__} "
                         f"{when}, where the reference returned.",
-                        details=f"{type(exc).__name__}: {str(exc)[:400]}",
+                        details=f"{type(exc).__name__}: {error_text(exc)[:400]}",
                         tb=format_tb(exc))
             return
         if done is None:
@@ -114,7 +115,7 @@ def _backward(ex: Execution, sink: Sink, done: Any, gen: torch.Generator, when: 
             "compute the gradient of every input for which ctx.needs_input_grad[i] is True, "
             "and return None for the others.")
         sink.finding(NAME, f"{when[0].upper()}{when[1:]}: {headline}",
-                    details=f"{type(err).__name__}: {str(err)[:400]}",
+                    details=f"{type(err).__name__}: {error_text(err)[:400]}",
                     tb=format_tb(err), fix=fix)
         return True
     at = _rerun_oracle(ex, done, cots)

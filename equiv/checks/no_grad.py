@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from equiv.errors import error_text
 from equiv.execution.calls import format_tb, leaves, storage_key
 from equiv.execution.record import Execution, Sink, judge_run
 
@@ -26,7 +27,7 @@ def run(ex: Execution, sink: Sink) -> None:
         if r.exc is not None:
             sink.finding(NAME, f"the implementation raised {type(r.exc).__name__} {words}, "
                          "where it returns with inputs requiring grad.",
-                         details=f"{type(r.exc).__name__}: {str(r.exc)[:400]}",
+                         details=f"{type(r.exc).__name__}: {error_text(r.exc)[:400]}",
                          tb=format_tb(r.exc))
             return
         for what, m in judge_run(ex, r, ex.expected, ex.finals):

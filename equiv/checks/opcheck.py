@@ -12,6 +12,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from equiv._compat import op_schema, op_types
+from equiv.errors import error_text
 from equiv.examples import tensor_summary
 from equiv.execution.calls import call
 from equiv.execution.record import Execution, Sink
@@ -129,7 +130,7 @@ def _report_opcheck(sink: Sink, op_name: str, outcome: Any, example: str) -> Non
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
+    text = error_text(e).strip().splitlines()
     return text[0][:300] if text else ""
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from equiv._compat import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
-from equiv.errors import InvalidArgument
+from equiv.errors import InvalidArgument, user_error
 from equiv.examples import Side, tensor_summary
 from equiv.modes import normalise_error
 from equiv.strategies._tensors import tiled_normal
@@ -26,17 +26,6 @@ def format_tb(exc: BaseException) -> str:
         tb = tb.tb_next
     lines = traceback.format_exception(type(exc), exc, tb)
     return "".join(lines[-12:])
-
-
-def user_error(e: BaseException) -> bool:
-    """True for an exception raised by the user's code that is evidence about it: every
-    ``Exception``, and ``SystemExit``/``GeneratorExit``-like ``BaseException``s; never
-    ``KeyboardInterrupt`` nor equiv's own signals (``NotCompiled``, ``ExampleTimeout``)."""
-    if isinstance(e, Exception):
-        return True
-    if isinstance(e, KeyboardInterrupt):
-        return False
-    return not type(e).__module__.startswith("equiv")
 
 
 def _global_state(config: bool) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import torch
 
 from equiv._compat import custom_function_node_type, tree_flatten
 from equiv._targets import forward_parameters
+from equiv.errors import error_text
 
 _MAX_NODES = 5000  # graph walk bound
 
@@ -142,7 +143,8 @@ def slot_headline(details: str, classes: dict[str, type | None]) -> tuple[str, s
 
 def slot_explanation(err: BaseException | str, nodes: list[Any]) -> tuple[str, str] | None:
     """(headline, fix) for autograd's error about a Function's gradient slots, else None."""
-    return slot_headline(str(err), {type(n).__name__: function_class(n) for n in nodes})
+    text = err if isinstance(err, str) else error_text(err)
+    return slot_headline(text, {type(n).__name__: function_class(n) for n in nodes})
 
 
 def graph_nodes(tensors: list[torch.Tensor]) -> list[Any]:

@@ -11,7 +11,7 @@ import torch
 from equiv._compat import tree_flatten
 from equiv._settings import settings as Settings
 from equiv.compare import Mismatch, align, compare_leaf, compare_trees
-from equiv.errors import InvalidArgument
+from equiv.errors import InvalidArgument, error_text
 from equiv.examples import Args, Group, Side, Template
 from equiv.execution.calls import brief, call, cast_like, cotangent, detached_clone, is_diff
 from equiv.execution.calls import isolated, user_error
@@ -239,12 +239,12 @@ def reference_run(spec: Spec, fn: Callable[..., Any], side: Side,
     if exc is not None:
         dtype = next((t.dtype for t in side.tensors if t.dtype.is_floating_point), None)
         run.why = (f"the reference raised {type(exc).__name__} in "
-                   f"{str(dtype).replace('torch.', '')}: {str(exc)[:120]}")
+                   f"{str(dtype).replace('torch.', '')}: {error_text(exc)[:120]}")
         return run
     try:
         expected, run.finals, consumed = split(spec, result)
     except ReferenceError_ as e:
-        run.why = str(e)[:160]
+        run.why = error_text(e)[:160]
         return run
     run.values = named_values(expected, run.finals, consumed)
     return run
@@ -338,7 +338,7 @@ class Execution:
         """Why the example is invalid input (both raised the same type of error), else None."""
         r, i = self.ref_exc, self.impl_exc
         if r is not None and i is not None and isinstance(i, type(r)):
-            return f"the reference raised {type(r).__name__}: {str(r)[:200]}"
+            return f"the reference raised {type(r).__name__}: {error_text(r)[:200]}"
         return None
 
     # -- more runs, through the core ----------------------------------------------------------
@@ -733,7 +733,7 @@ class Execution:
             if not user_error(e):
                 raise
             return None, (f"finite differences failed (the reference raised "
-                          f"{type(e).__name__} in float64: {str(e)[:120]})")
+                          f"{type(e).__name__} in float64: {error_text(e)[:120]})")
 
     def measure(self, which: str) -> Any:
         """Peak and retained bytes of one side over forward + backward on a fresh copy
@@ -872,7 +872,7 @@ def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
     ex.impl_history = (before, [(t.grad_fn, t._version, t.requires_grad)
                                 for t in impl_side.tensors])
     for who, result in (("reference", ex.ref_result), ("implementation", ex.impl_result)):
-        _strided_only(spec, who, result)
+        _comparable_only(spec, who, result)
     if not ex.valid:
         return ex
     expected, finals, consumed = split(spec, ex.ref_result)
@@ -886,14 +886,39 @@ def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
     return ex
 
 
-def _strided_only(spec: Spec, who: str, result: Any) -> None:
+def _comparable_only(spec: Spec, who: str, result: Any) -> None:
+    """Raise :class:`InvalidArgument` when ``who``'s result holds a tensor equiv cannot
+    compare (:func:`_incomparable`), naming the side, the output and what to return."""
     for path, leaf in leaves_of(result):
-        if isinstance(leaf, torch.Tensor) and leaf.layout != torch.strided:
+        found = _incomparable(leaf) if isinstance(leaf, torch.Tensor) else None
+        if found is not None:
+            what, fix = found
             name = spec.reference if who == "reference" else spec.implementation
             raise InvalidArgument(
-                f"the {who} {name} returned a tensor with layout {leaf.layout} at "
-                f"output{path}: equiv compares strided tensors only (values, views, gradients). "
+                f"the {who} {name} returned {what} at output{path}: equiv compares dense "
+                f"tensors with values only (values, views, gradients). {fix}")
+
+
+def _incomparable(t: torch.Tensor) -> tuple[str, str] | None:
+    """(what ``t`` is, the fix) for a tensor equiv does not compare: a nested tensor, a tensor
+    subclass with its own ``__torch_dispatch__`` (``MaskedTensor``...), a non-strided tensor, a
+    meta tensor (no values); None for one it compares."""
+    if t.is_nested:
+        return ("a nested tensor", "Check a wrapper that returns .unbind() (a tuple of "
+                "tensors) or .to_padded_tensor(0) on both sides.")
+    kind = type(t)
+    if getattr(kind, "__torch_dispatch__", None) is not torch.Tensor.__torch_dispatch__:
+        return (f"a {kind.__name__} (a tensor subclass with its own __torch_dispatch__)",
+                "Check a wrapper that returns the plain tensors it holds on both sides (for a "
+                "MaskedTensor: .get_data() and .get_mask()).")
+    if t.layout != torch.strided:
+        return (f"a tensor with layout {t.layout}",
                 "Check a wrapper that returns .to_dense() on both sides.")
+    if t.is_meta:
+        return ("a tensor on the meta device (it holds no values)",
+                "Check on a real device, or, to check shapes only, a wrapper that returns "
+                "(t.shape, t.dtype) on both sides.")
+    return None
 
 
 def _check_reference_pure(spec: Spec, template: Template, side: Side,

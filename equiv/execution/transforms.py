@@ -22,6 +22,7 @@ from torch.overrides import TorchFunctionMode
 from equiv._compat import op_types, tree_flatten, tree_unflatten
 from equiv._settings import settings as Settings
 from equiv.compare import compare_leaf
+from equiv.errors import error_text
 from equiv.examples import Args, Template
 from equiv.execution.calls import clone_tree, cotangent, isolated, leaves, user_error, vjp
 from equiv.execution.record import Placement, Sink, execute, split
@@ -181,7 +182,7 @@ def _run_vmap(r: VmapRun, args: tuple[Any, ...], kwargs: dict[str, Any],
         if not user_error(e):
             raise
         raise Unsupported(f"unsupported: the reference cannot run under vmap "
-                          f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+                          f"({type(e).__name__}: {error_text(e).splitlines()[0][:160]})") from None
     try:
         with isolated(), torch.no_grad():
             r.impl_result = vmap(lambda *a: spec.impl(*a, **kwargs), in_dims=in_dims,
@@ -190,7 +191,7 @@ def _run_vmap(r: VmapRun, args: tuple[Any, ...], kwargs: dict[str, Any],
         if not user_error(e):
             raise
         e = normalise_error(e)
-        text = str(e)
+        text = error_text(e)
         if any(w in text for w in _VMAP_UNSUPPORTED):
             raise Unsupported(f"unsupported: the implementation cannot run under vmap "
                               f"({type(e).__name__}: {text.splitlines()[0][:200]})") from None
@@ -228,9 +229,11 @@ def _batched_vjp(spec: Spec, cfg: Settings, example: Args, cot_seed: int, mode: 
             grads = torch.autograd.grad([i for _, i, _ in pairs], ex.leaves("impl"), cots,
                                         retain_graph=True, allow_unused=True,
                                         is_grads_batched=True)
-    except Exception as e:  # the user's backward raised under vmap
-        text = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        if any(w in str(e) for w in _BATCHED_UNSUPPORTED):
+    except BaseException as e:  # the user's backward raised under vmap
+        if not user_error(e):
+            raise
+        text = f"{type(e).__name__}: {error_text(e).splitlines()[0][:200] if error_text(e) else ''}"
+        if any(w in error_text(e) for w in _BATCHED_UNSUPPORTED):
             out.unsupported = text
         else:
             out.error = e
@@ -303,7 +306,7 @@ def _run_jvp(r: JvpRun, rebuild: Any, primals: tuple[torch.Tensor, ...],
         if not user_error(e):
             raise
         raise Unsupported(f"unsupported: the reference has no forward-mode derivative "
-                          f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+                          f"({type(e).__name__}: {error_text(e).splitlines()[0][:160]})") from None
     recorder = _CustomOps()
     try:
         with isolated(), recorder:
@@ -312,7 +315,7 @@ def _run_jvp(r: JvpRun, rebuild: Any, primals: tuple[torch.Tensor, ...],
         if not user_error(e):
             raise
         e = normalise_error(e)
-        text = f"{type(e).__name__}: {e}"
+        text = f"{type(e).__name__}: {error_text(e)}"
         if any(w in text for w in _JVP_UNSUPPORTED):
             raise Unsupported(f"unsupported: the implementation has no forward-mode "
                               f"derivative ({text.splitlines()[0][:200]})") from None
