@@ -339,7 +339,7 @@ class Template:
                 shape = tuple(vals.shape)
                 lines.append(
                     f"{target} = torch.randn({shape}, dtype={g.dtype}{dev}{rg})"
-                    "  # values elided: more than 64 elements"
+                    "  # values elided (over 64 elements): the Reproduce line replays them"
                 )
             if nonleaf:
                 lines.append(f"{final_target} = {target}.clone()")

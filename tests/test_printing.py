@@ -133,3 +133,13 @@ def test_a_compiled_modes_timeline_says_it_is_an_eager_replay():
     assert "Timeline (implementation, replayed under the recorder):" in eager
     assert ("Timeline (implementation replayed in eager mode under the recorder: the steps of "
             "the compile[aot_eager] graph are not recorded):") in compiled
+
+
+def test_elided_values_point_at_the_reproduce_line():
+    """Past 64 elements the printed code draws new values: it says which line replays the
+    failing ones."""
+    def f(x):
+        return x
+
+    t = Template(inspect.signature(f), Args(torch.arange(100.0)))
+    assert "the Reproduce line replays them" in t.code("f")
