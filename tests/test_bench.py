@@ -155,3 +155,7 @@ def test_realcode_rows_pass_fail_and_flag_unclassified(bench_path, tmp_path):
     row = realcode.run_pair(wrong, 5, ("eager",), 0)
     assert row["status"] == "FAIL" and row["known"] == "unclassified"
     assert any(f["check"] == "forward" for f in row["findings"])
+    assert realcode.classify("pad", [{"check": "gradients"}]) == "real"
+    assert realcode.classify("batch_norm_eval", [{"check": "gradients"},
+                                                 {"check": "error-parity"}]) == "real + false alarm"
+    assert realcode.classify("pad", [{"check": "forward"}]) == "unclassified"
