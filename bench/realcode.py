@@ -61,6 +61,10 @@ KNOWN_REAL: dict[str, dict[str, str]] = {
     "batch_norm_eval": {
         "gradients": "CPU eval batch_norm backward with a stride-0 weight reads garbage"},
     "pad": {"gradients": "_refs.constant_pad_nd cuts x out of the graph (grad None)"},
+    "addcdiv_": {
+        "gradients": "float16 addcdiv_ backward w.r.t. tensor2 overflows tensor1 / tensor2**2 "
+                     "to inf before the grad scales it",
+        "repeated-backward": "the same float16 overflow (inf where the reference is finite)"},
     "vector_norm": {
         "forward": "CPU vector_norm of a stride-0 float32 input: ~25 eps relative error, "
                    "1.6 eps for the same values contiguous",
@@ -72,9 +76,11 @@ KNOWN_REAL: dict[str, dict[str, str]] = {
 FALSE_ALARMS: dict[str, dict[str, str]] = {
     "clamp_tensor_": {"gradients": "tie lo == hi between arguments"},
     "softmax": {"gradients": "finite differences: no float32 rounding allowance"},
-    "var_correction0": {"gradients": "finite differences: no float32 rounding allowance"},
+    "var_correction0": {"gradients": "finite differences: no float32 rounding allowance; NaN "
+                                     "of an empty x against a VJP over no elements"},
     "var_correction2": {"gradients": "finite differences: NaN against NaN"},
-    "cumprod": {"gradients": "finite differences: error estimate too tight"},
+    "cumprod": {"gradients": "finite differences: error estimate too tight; float64 finite "
+                             "differences where the float32 result overflows"},
     "std": {"gradients": "kink (all values equal, expanded layout): ATen 0, _refs NaN"},
     "vector_norm_ord3": {"gradients": "kink (all zeros, expanded layout): ATen 0, _refs NaN"},
     "native_layer_norm": {"gradients": "cancellation x - mean over one element, times rstd",

@@ -96,6 +96,18 @@ def vector_norm_stride0_accuracy() -> None:
         print(f"vector_norm {label:10}: {got:.9g}  (float64 {exact:.9g}, {rel:.1f} eps)")
 
 
+def addcdiv_half_grad_overflow() -> None:
+    """float16 addcdiv_ backward w.r.t. tensor2 overflows an intermediate (tensor1 / tensor2**2
+    before the small grad multiplies it): -inf where the exact gradient is -147.2."""
+    a, g = torch.tensor([1.1171875], dtype=torch.float16), torch.tensor([5e-4], dtype=torch.float16)
+    got = []
+    for f in (lambda x, b: x.addcdiv_(a, b, value=0.5), lambda x, b: R.addcdiv(x, a, b, value=0.5)):
+        b = torch.tensor([0.001377105712890625], dtype=torch.float16, requires_grad=True)
+        got.append(torch.autograd.grad(f(torch.zeros(1, dtype=torch.float16), b), b, g)[0].item())
+    exact = -g.double() * 0.5 * a.double() / torch.tensor(0.001377105712890625).double() ** 2
+    print(f"grad b: ATen {got[0]}, _refs {got[1]}, float64 {exact.item():.6g}")
+
+
 # -- the facts behind the false alarms -----------------------------------------------------------
 
 def constant_refuses_grad() -> None:
@@ -142,7 +154,8 @@ def layer_norm_one_element() -> None:
 
 ALL = (group_norm_stride0_weight, group_norm_one_value_per_group,
        batch_norm_train_running_stats_grad, batch_norm_eval_stride0_weight,
-       constant_pad_nd_drops_grad, vector_norm_stride0_accuracy, constant_refuses_grad,
+       constant_pad_nd_drops_grad, vector_norm_stride0_accuracy, addcdiv_half_grad_overflow,
+       constant_refuses_grad,
        clamp_tie_lo_equals_hi, kink_all_equal, layer_norm_one_element)
 
 
@@ -152,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     for fn in ALL:
         if a.only in (None, fn.__name__):
-            print(f"== {fn.__name__}: {fn.__doc__.splitlines()[0]}")
+            print(f"== {fn.__name__}: {' '.join(fn.__doc__.split())}")
             fn()
 
 
