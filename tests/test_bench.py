@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +149,7 @@ def test_realcode_rows_pass_fail_and_flag_unclassified(bench_path, tmp_path):
     out = tmp_path / "rows.json"
     table = realcode.bench(examples=3, only=("relu_", "mse_loss"), json_path=str(out))
     assert "| relu_ | _refs | pass |" in table and "2 pass, 0 FAIL, 0 ERROR" in table
-    rows = __import__("json").loads(out.read_text())["rows"]
+    rows = json.loads(out.read_text())["rows"]
     assert [r["status"] for r in rows] == ["pass", "pass"]
     wrong = realcode.Pair("wrong_relu_", lambda x: x.relu_().mul_(1.5),
                           lambda x: torch.relu(x), {"x": "out"}, source="torch")
