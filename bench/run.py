@@ -55,6 +55,8 @@ def sections(quick: bool, device: str, suite: bool = False) -> list[tuple[str, s
                                       "examples": 2, "modes": "eager", "device": device}),
             ("Wall time", "walltime", {"runs": 1, "quick": True, "suite": suite}),
             ("Compilations", "compile_counts", {"examples": 3, "targets": ["examples/rms_norm.py"]}),
+            ("Real code: PyTorch kernels against PyTorch references", "realcode",
+             {"examples": 4, "only": ("relu_", "layer_norm", "mse_loss")}),
         ]
     return [
         ("Overhead: check() / raw execution (eager)", "overhead", {"device": device}),
@@ -67,6 +69,7 @@ def sections(quick: bool, device: str, suite: bool = False) -> list[tuple[str, s
         ("Modes: compilations and wall time", "modes_bench", {"device": device}),
         ("Wall time", "walltime", {"runs": 3, "suite": suite}),
         ("Compilations", "compile_counts", {}),
+        ("Real code: PyTorch kernels against PyTorch references", "realcode", {"examples": 30}),
     ]
 
 

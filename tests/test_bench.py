@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from tests.conftest import FAST
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 MODULES = ("overhead", "growth", "versus", "first_failure", "strategies_bench", "recorder_bench",
-           "functions", "modes_bench", "walltime", "rows")
+           "functions", "modes_bench", "walltime", "rows", "realcode")
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +140,23 @@ def test_rows_times_every_check_and_restores_the_catalog(bench_path):
     table = rows.bench(0, 100, 3)
     assert "| gradients |" in table and "| repeated-backward |" in table
     assert pipeline._MODULES == before
+
+
+def test_realcode_rows_pass_fail_and_flag_unclassified(bench_path, tmp_path):
+    realcode = importlib.import_module("realcode")
+    labels = [p.label for p in realcode.pairs()]
+    assert len(labels) >= 40 and len(set(labels)) == len(labels)
+    out = tmp_path / "rows.json"
+    table = realcode.bench(examples=3, only=("relu_", "mse_loss"), json_path=str(out))
+    assert "| relu_ | _refs | pass |" in table and "2 pass, 0 FAIL, 0 ERROR" in table
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["status"] for r in rows] == ["pass", "pass"]
+    wrong = realcode.Pair("wrong_relu_", lambda x: x.relu_().mul_(1.5),
+                          lambda x: torch.relu(x), {"x": "out"}, source="torch")
+    row = realcode.run_pair(wrong, 5, ("eager",), 0)
+    assert row["status"] == "FAIL" and row["known"] == "unclassified"
+    assert any(f["check"] == "forward" for f in row["findings"])
+    assert realcode.classify("pad", [{"check": "gradients"}]) == "real"
+    assert realcode.classify("batch_norm_eval", [{"check": "gradients"},
+                                                 {"check": "error-parity"}]) == "real + false alarm"
+    assert realcode.classify("pad", [{"check": "forward"}]) == "unclassified"
