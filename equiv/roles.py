@@ -9,8 +9,9 @@ None for it), or it raises when the argument requires grad and returns when it d
 grad, and the aliasing variant never merges a constant with an argument that requires grad; a
 user's own ``inputs=`` and ``examples=`` are run as drawn.
 
-The reference is probed once per argument signature (names, shapes, dtypes) of a spec, at the
-example's own dtype, and the answer is kept: the same shapes get the same roles.
+The reference is probed once per argument signature (names, dims, dtypes) of a spec, at the
+example's own dtype, and each shape keeps its first answer (a replayed example gets the roles it
+had).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Roles:
     kinds: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     derived_inputs: bool = False
     _cache: dict[Any, frozenset[str]] = dataclasses.field(default_factory=dict)
+    _by_dims: dict[Any, frozenset[str]] = dataclasses.field(default_factory=dict)
 
     def kinds_of(self, name: str, default: tuple[str, ...]) -> tuple[str, ...]:
         """The variant kinds argument ``name`` may get (``default``: the spec's)."""
@@ -58,16 +60,23 @@ class Roles:
                       and n not in self.mutated and n not in self.declared]
         if not candidates:
             return self.declared
-        key = tuple((n, tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor)
-                    else (n, type(v)) for n, v in values.items())
-        found = self._cache.get(key)
+        shapes = tuple((n, tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor)
+                       else (n, type(v)) for n, v in values.items())
+        found = self._cache.get(shapes)
         if found is None:
             if len(self._cache) > _CACHED:
                 self._cache.clear()
-            # an example the reference raises on whatever requires grad tells nothing: only
-            # the declared constants (the same answer for the same shapes, so replays agree)
-            found = _probe(self.ref, self.signature, values, candidates) or frozenset()
-            self._cache[key] = found
+            # one probe per signature of dims and dtypes; an example the reference raises on
+            # whatever requires grad tells nothing (only the declared constants), and the next
+            # example of that signature is probed. Each shape keeps its first answer, so a
+            # replayed example gets the roles it had.
+            dims = tuple(k[:1] + (len(k[1]),) + k[2:] if len(k) == 3 else k for k in shapes)
+            found = self._by_dims.get(dims)
+            if found is None:
+                found = _probe(self.ref, self.signature, values, candidates)
+                if found is not None:
+                    self._by_dims[dims] = found
+            self._cache[shapes] = found = found or frozenset()
         return self.declared | found
 
     def settle(self, example: Any) -> Any:
