@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import torch
 
-from equiv._compat import tree_flatten
+from equiv._compat import tree_flatten, tree_unflatten
 from equiv.errors import user_error
 
 __all__ = ["Roles", "roles_of"]
@@ -115,8 +115,8 @@ def roles_of(spec: Any) -> Roles:
 def _call(ref: Any, signature: inspect.Signature, values: dict[str, Any]) -> Any:
     """``ref`` on the bound arguments ``values``, or the exception it raised."""
     bound = inspect.BoundArguments(signature, values)  # type: ignore[arg-type]
-    try:
-        with torch.enable_grad():
+    try:  # the probe leaves the random state as it found it
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
             return ref(*bound.args, **bound.kwargs)
     except BaseException as e:  # the reference raised (SystemExit too): no information
         if not user_error(e):
@@ -136,6 +136,10 @@ def _probe(ref: Any, signature: inspect.Signature, values: Mapping[str, Any],
                 v = v.detach().clone().requires_grad_(n in grad)
                 if n in grad:
                     leaves.append(v)
+            elif not isinstance(v, torch.Tensor):  # containers: copies, never the example's
+                flat, spec = tree_flatten(v)
+                v = tree_unflatten([t.detach().clone() if isinstance(t, torch.Tensor) else t
+                                    for t in flat], spec)
             args[n] = v
         return _call(ref, signature, args), leaves
 

@@ -143,7 +143,7 @@ def _vary(draw: Any, example: Any, choice: str, signature: inspect.Signature,
     allowed = [n for n in names if own(n, "aliasing-mutated")
                or (n not in mutated and own(n, "aliasing"))]
     pairs = _alias_pairs(choice, values, allowed)
-    if roles is not None and choice in _ALIAS_CHOICES:
+    if roles is not None and pairs and choice in _ALIAS_CHOICES:
         pairs = _apart(pairs, values, roles.constants(values))
     if choice in _ALIAS_CHOICES and not pairs:
         if "layouts" not in kinds:
