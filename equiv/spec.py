@@ -14,7 +14,7 @@ from hypothesis.strategies import SearchStrategy
 
 from equiv._args import as_args
 from equiv._contracts import validate_contracts
-from equiv._options import string_tuple, validate_variants
+from equiv._options import string_tuple, validate_argument_variants, validate_constants
 from equiv._schedule import validate_options
 from equiv._settings import settings as Settings
 from equiv._settings import skippable
@@ -80,6 +80,11 @@ class Spec:
     module: str = ""
     #: mutated arguments the implementation overwrites entirely (filled with NaN before its call)
     write_only: tuple[str, ...] = ()
+    #: arguments declared constant (equiv.roles: never made to require grad by equiv, never
+    #: aliased with a differentiated argument)
+    constants: tuple[str, ...] = ()
+    #: per-argument variant kinds of ``variants={"x": (...), "cos": ()}`` (others: ``variants``)
+    argument_variants: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def implementation(self) -> str:
@@ -196,6 +201,7 @@ def equivalent_to(
     reference_dtype: Any = None,
     reference_device: str | None = None,
     write_only: Sequence[str] = (),
+    constants: Sequence[str] = (),
     grads: bool = True,
     allow_skip: Sequence[str] = (),
     **module_options: Any,
@@ -208,7 +214,8 @@ def equivalent_to(
     ``equiv.Args``); when omitted, inputs are derived from the signature. ``examples`` always run
     first. ``rtol``/``atol`` override the dtype's default tolerance (give both or neither).
     ``variants`` (default ``True``: other layouts and aliasing of unmutated arguments) says which
-    automatic input variants the runner explores; see :mod:`equiv.variants`.
+    automatic input variants the runner explores, or per argument (``{"cos": ()}``); see
+    :mod:`equiv.variants`. ``constants``: arguments never made to require grad (:mod:`equiv.roles`).
     ``schedules`` adds :class:`equiv.Schedule` scripts (with their expected outcome) to the
     built-in hazardous schedules; ``parameters`` names the arguments an optimizer steps.
     ``max_memory_ratio`` (implementation peak / reference peak) and ``max_retained_bytes`` (bytes
@@ -237,10 +244,10 @@ def equivalent_to(
     placement = validate_reference(reference_dtype, reference_device, "equivalent_to")
     if module_pair is not None:
         return _module_pair(module_pair, placement != (None, None) or grads is not True
-                            or bool(allow_skip) or bool(write_only))
+                            or bool(allow_skip) or bool(write_only) or bool(constants))
     _validate_plain_options(ref, options)
     options.update(block_sizes=_validate_block_sizes(block_sizes),
-                   write_only=_validate_write_only(write_only, mutates),
+                   write_only=_validate_write_only(write_only, mutates), constants=constants,
                    **_validate_verdict_options(grads, allow_skip))
 
     def decorate(impl: F) -> F:
@@ -316,12 +323,14 @@ def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, st
     alias_map, err_inputs, err_type, err_match = validate_contracts(
         sig, who, o["aliases"], o["error_inputs"], o["raises"], o["match"])
     rtol, atol, ratio = o["rtol"], o["atol"], o["max_memory_ratio"]
+    kinds, per_argument = validate_argument_variants(o["variants"], who, derived, sig.parameters)
     return Spec(
         impl=target, ref=ref, name=o["name"] or _qualname(target), mutates=contract,
         inputs=strategy, examples=_validate_examples(o["examples"], sig, impl),
         rtol=None if rtol is None else float(rtol), atol=None if atol is None else float(atol),
         settings=o["settings"], signature=sig, derived_inputs=derived,
-        variants=validate_variants(o["variants"], who, derived),
+        variants=kinds, argument_variants=per_argument,
+        constants=validate_constants(o["constants"], who, sig.parameters),
         schedules=scheds, parameters=params,
         max_memory_ratio=None if ratio is None else float(ratio),
         max_retained_bytes=o["max_retained_bytes"], aliases=alias_map,
@@ -336,8 +345,8 @@ def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, st
 def _module_pair(decorate: Any, unsupported: bool) -> Any:
     if unsupported:
         raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=, grads=, "
-                              "allow_skip=, write_only=) are not supported for nn.Module pairs; "
-                              "pass the first four to check() or settings().")
+                              "allow_skip=, write_only=, constants=) are not supported for "
+                              "nn.Module pairs; pass the first four to check() or settings().")
     return decorate
 
 

@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     # engine: examples, comparison, modes, recorder, memory, variants, reports, execution core
     "equiv.examples": 2, "equiv.compare": 2, "equiv.numerics": 2, "equiv.modes": 2,
     "equiv.timeline": 2, "equiv.memory": 2, "equiv.variants": 2, "equiv.report": 2,
+    "equiv.roles": 2,
     "equiv.execution": 2,
     # checks: one module per catalog row
     "equiv.checks": 3,
