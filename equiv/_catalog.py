@@ -36,7 +36,8 @@ class CheckRow:
     ``autograd.Function`` node in the implementation's graph; ``"clean"`` needs a valid example
     on which no earlier check found anything (its extra runs would only repeat a known bug).
     ``costly``: its extra runs cost several times the example's own; it runs on a share of
-    the examples (``settings(costly_share=...)``).
+    the examples (``settings(costly_share=...)``). ``option``: an opt-in check, run only where
+    the spec (or, for ``deterministic``, the settings) set that option.
     """
 
     name: str
@@ -46,6 +47,7 @@ class CheckRow:
     needs: str
     summary: str
     costly: bool = False
+    option: str = ""
 
 
 CATALOG: tuple[CheckRow, ...] = (
@@ -84,6 +86,12 @@ CATALOG: tuple[CheckRow, ...] = (
     CheckRow("schedule", ScheduleMismatch, "schedule", ("eager",), "clean",
              "hazardous schedules raise or match the reference at forward-time values",
              costly=True),
+    CheckRow("determinism", EquivalenceFailure, "determinism", ("eager", "compile"), "valid",
+             "opt-in (deterministic=True): two calls on fresh, equal inputs give bitwise-equal "
+             "outputs, mutated arguments and gradients", option="deterministic"),
+    CheckRow("batch-invariance", EquivalenceFailure, "batch_invariance", ("eager", "compile"),
+             "valid", "opt-in (batch_invariant=DIM): each entry of the batch equals bitwise the "
+             "implementation on that entry alone, gradients included", option="batch_invariant"),
     CheckRow("memory", MemoryMismatch, "memory", ("eager",), "valid",
              "the memory contract: peak ratio and bytes retained by the graph (default: a loose "
              "bound on retained bytes, on a share of examples)"),
