@@ -23,8 +23,8 @@ from equiv.errors import (
 )
 
 #: mode kinds (equiv.modes.Mode.kind)
-EVERY_MODE = ("eager", "compile", "functionalize", "vmap", "jvp")
-_RECORDED = ("eager", "compile", "functionalize")  # modes whose example runs both sides as written
+EVERY_MODE = ("eager", "compile", "functionalize", "vmap", "jvp", "autocast")
+_RECORDED = ("eager", "compile", "functionalize", "autocast")  # modes whose example runs both sides as written
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +57,7 @@ CATALOG: tuple[CheckRow, ...] = (
     CheckRow("forward", OutputMismatch, "forward", EVERY_MODE, "valid",
              "returned outputs: values, dtype, shape, structure"),
     CheckRow("mutation", MutationMismatch, "mutation", ("eager", "compile", "functionalize",
-                                                        "vmap"), "valid",
+                                                        "vmap", "autocast"), "valid",
              "final values of mutated arguments; undeclared writes"),
     CheckRow("aliasing", AliasingMismatch, "aliasing", _RECORDED, "valid",
              "views as contract: outputs share input storage as the reference/aliases= say, an "
@@ -65,10 +65,12 @@ CATALOG: tuple[CheckRow, ...] = (
     CheckRow("no-grad", OutputMismatch, "no_grad", ("eager",), "clean",
              "the forward contract with no input requiring grad and under torch.no_grad()",
              costly=True),
-    CheckRow("gradients", GradientMismatch, "gradients", ("eager", "compile", "vmap", "jvp"),
+    CheckRow("gradients", GradientMismatch, "gradients", ("eager", "compile", "vmap", "jvp",
+                                                          "autocast"),
              "valid", "vector-Jacobian product for a random cotangent (vmap mode: batched "
              "gradients, a batch of cotangents at once; jvp mode: the tangent)"),
-    CheckRow("repeated-backward", GradientMismatch, "repeated_backward", ("eager", "compile"),
+    CheckRow("repeated-backward", GradientMismatch, "repeated_backward",
+             ("eager", "compile", "autocast"),
              "valid", "a second backward through the retained graph, same and new cotangent"),
     CheckRow("mark-dirty", GradientMismatch, "mark_dirty", ("eager",), "function",
              "in-place writes inside a custom Function's forward declared with ctx.mark_dirty"),

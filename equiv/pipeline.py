@@ -127,7 +127,8 @@ def _execute(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun
         if run is not None:
             _run_checks(cfg, run, sink, "jvp")
         return Outcome(sink.findings, None, sink.notes, sink.template)
-    place = place or Placement(mode.name, mode.kind, device, state.impl_fn(), None,
+    place = place or Placement(mode.name, mode.kind, device, state.impl_fn(),
+                               state.ref_fn() if mode.kind == "autocast" else None,
                                state.ref_device, state.ref_dtype)
     if spec.write_only:  # the implementation's side: write-only buffers hold NaN at each call
         place = dataclasses.replace(place, impl_fn=poisoning(

@@ -259,6 +259,8 @@ def _inputs(spec: Spec, cfg: Settings, mode: Mode) -> Any:
     if not spec.derived_inputs:  # compile modes: avoid sides of 0/1, which Dynamo specialises
         return prefer_sides_of_two(spec.inputs) if mode.kind == "compile" else spec.inputs
     dtypes = [getattr(torch, d) for d in cfg.dtypes]
+    if mode.kind == "autocast":  # autocast casts float32 only (float64 runs as written)
+        dtypes = [torch.float32]
     if mode.kind == "compile":
         return arguments_for(spec.signature, dtypes_=dtypes[:1],
                              shape_strategy=shapes(compile_friendly=True, max_dims=2),

@@ -167,3 +167,94 @@ def test_batch_invariant_option_is_validated():
         equivalent_to(row_sum_ref, batch_invariant=-1)
     with pytest.raises(equiv.InvalidArgument, match="deterministic='yes'"):
         equivalent_to(row_sum_ref, deterministic="yes")
+
+
+# ---------------------------------------------------------------------- autocast modes
+def matmul_ref(x, w):
+    return x @ w
+
+
+class AutocastUnaware(torch.autograd.Function):
+    """No custom_fwd/custom_bwd: backward runs outside autocast, on a half-precision
+    grad_output and the float32 saved inputs."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g @ w.T, x.T @ g
+
+
+class AutocastAware(torch.autograd.Function):
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g @ w.T, x.T @ g
+
+
+def matmul_inputs():
+    return st.tuples(tensors(shape=(4, 8), dtype=torch.float32, requires_grad=True),
+                     tensors(shape=(8, 3), dtype=torch.float32, requires_grad=True, salt=1))
+
+
+@pytest.mark.parametrize("mode", ["autocast[bfloat16]", "autocast[float16]"])
+def test_an_autocast_unaware_function_is_caught(mode):
+    impl = equivalent_to(matmul_ref, inputs=matmul_inputs())(AutocastUnaware)
+    with pytest.raises(equiv.GradientMismatch) as info:
+        equiv.check(impl, settings=equiv.settings(FAST, max_examples=5), modes=(mode,))
+    f = info.value.report.findings[0]
+    assert f.check == "gradients" and f.mode == mode, f
+    assert "backward raised RuntimeError where the reference's did not" in f.headline
+    assert "same dtype" in f.details, f.render()
+
+
+class AutocastOff(torch.autograd.Function):
+    """cast_inputs=float32 turns autocast off inside forward: a float32 result where the
+    reference's matmul returns the low-precision dtype."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g @ w.T, x.T @ g
+
+
+def test_a_function_computing_outside_autocast_is_caught():
+    impl = equivalent_to(matmul_ref, inputs=matmul_inputs())(AutocastOff)
+    with pytest.raises(equiv.OutputMismatch) as info:
+        equiv.check(impl, settings=equiv.settings(FAST, max_examples=5),
+                    modes=("autocast[bfloat16]",))
+    f = info.value.report.findings[0]
+    assert f.check == "forward" and "bfloat16" in f.details and "float32" in f.details, f.render()
+
+
+@pytest.mark.parametrize("mode", ["autocast[bfloat16]", "autocast[float16]"])
+def test_an_autocast_aware_function_passes(mode):
+    impl = equivalent_to(matmul_ref, inputs=matmul_inputs())(AutocastAware)
+    report = equiv.check(impl, settings=equiv.settings(FAST, max_examples=5), modes=(mode,))
+    assert report.ok and report.runs[0].mode == mode and report.runs[0].status == "passed"
+
+
+def test_autocast_mode_names_are_validated():
+    from equiv.modes import parse_mode
+
+    assert parse_mode("autocast[bfloat16]").dtype == "bfloat16"
+    with pytest.raises(equiv.InvalidArgument, match="unknown mode 'autocast\\[float32\\]'"):
+        parse_mode("autocast[float32]")
