@@ -176,19 +176,25 @@ def _drawn(spec: Spec) -> Args:
     if not seen:
         raise InvalidArgument(f"bench({spec.name}): its inputs= drew no tensor with elements "
                               "to scale; give examples= or inputs= drawing non-empty tensors.")
-    return min(seen, key=_largest)
+    batched = [a for a in seen if _biggest(a).dim() and _biggest(a).shape[0] > 1]
+    return min(batched or seen, key=_largest)
+
+
+def _biggest(args: Args) -> torch.Tensor:
+    return max(_tensors(args), key=lambda t: t.numel())
 
 
 def _scaled(args: Args, target: int) -> Args:
-    """``args`` with every tensor sharing the largest one's leading size tiled along dim 0
-    so that the largest has about ``target`` elements (at least the drawn size)."""
-    big = max(_tensors(args), key=lambda t: t.numel())
+    """``args`` with every tensor of the largest one's dims and leading size tiled along
+    dim 0 so that the largest has about ``target`` elements (at least the drawn size)."""
+    big = _biggest(args)
     if big.dim() == 0:
         return args
     lead, k = big.shape[0], max(1, round(target / max(big.numel(), 1)))
 
     def tile(v: Any) -> Any:
-        if not isinstance(v, torch.Tensor) or v.dim() == 0 or v.shape[0] != lead or k == 1:
+        if not isinstance(v, torch.Tensor) or v.dim() != big.dim() or v.shape[0] != lead \
+                or k == 1:
             return v
         return v.detach().repeat(k, *([1] * (v.dim() - 1))).requires_grad_(v.requires_grad)
 

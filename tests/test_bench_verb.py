@@ -66,9 +66,10 @@ def test_a_failing_spec_says_so_and_times_nothing():
 
 
 def test_sizes_scale_the_batched_arguments_only():
-    args = equiv.Args(torch.ones(4, 8), torch.ones(8), w=torch.ones(3, 3))
-    scaled = _bench._scaled(args, 3200)
-    assert [tuple(t.shape) for t in _bench._tensors(scaled)] == [(400, 8), (8,), (3, 3)]
+    args = equiv.Args(torch.ones(4, 8), torch.ones(4), torch.ones(4, 2), w=torch.ones(3, 3))
+    scaled = _bench._scaled(args, 3200)  # a weight of the batch's length (4,) stays whole
+    assert [tuple(t.shape) for t in _bench._tensors(scaled)] == [(400, 8), (4,), (400, 2),
+                                                                 (3, 3)]
     with pytest.raises(equiv.InvalidArgument, match="sizes="):
         equiv.bench(equivalent_to(double_ref, inputs=vec())(thirty_times), sizes=(0,))
 
