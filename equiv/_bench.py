@@ -70,7 +70,8 @@ class BenchRow:
 
 @dataclasses.dataclass
 class BenchResult:
-    """One spec's bench: ``equivalent`` False (with ``reason``) means nothing was timed."""
+    """One spec's bench: ``equivalent`` False (with ``reason``: the quick check's first
+    finding, or why the examples could not be scaled) means nothing was timed."""
 
     spec: str
     device: str
@@ -107,6 +108,9 @@ def bench(impl: Any, *, sizes: Sequence[int] | None = None, device: str = "cpu",
     if isinstance(min_time, bool) or not isinstance(min_time, (int, float)) or min_time <= 0:
         raise InvalidArgument(f"bench(min_time={min_time!r}): give seconds > 0, e.g. 0.2.")
     examples = _ladder(spec, ladder)
+    rejected = _rejected(spec, examples, device)
+    if rejected is not None:
+        return BenchResult(spec.name, device, False, rejected)
     why = _not_equivalent(spec, [a for _, a in examples], device)
     if why is not None:
         return BenchResult(spec.name, device, False, why)
@@ -139,6 +143,22 @@ def _ladder(spec: Spec, sizes: tuple[int, ...]) -> list[tuple[int, Args]]:
         args = _scaled(base, target)
         out.setdefault(_largest(args), args)
     return sorted(out.items(), key=lambda kv: kv[0])
+
+
+def _rejected(spec: Spec, examples: list[tuple[int, Args]], device: str) -> str | None:
+    """Why the scaled examples cannot be benched: the reference raised on one (the scaling
+    broke a shape constraint of the spec, not a finding), else None."""
+    from equiv.execution.calls import call
+
+    for size, args in examples:
+        side = Template(spec.signature, args, spec.mutates.keys()).instantiate(device=device)
+        _, exc = call(spec.ref, side)
+        if exc is not None:
+            shapes = ", ".join(str(tuple(t.shape)) for t in _tensors(args))
+            return (f"could not scale: the reference raised {type(exc).__name__} on the example "
+                    f"scaled to {size} elements (tensor shapes {shapes}); give examples= with "
+                    "a leading batch dimension to tile")
+    return None
 
 
 def _tensors(args: Args) -> list[torch.Tensor]:
@@ -176,7 +196,8 @@ def _drawn(spec: Spec) -> Args:
     if not seen:
         raise InvalidArgument(f"bench({spec.name}): its inputs= drew no tensor with elements "
                               "to scale; give examples= or inputs= drawing non-empty tensors.")
-    batched = [a for a in seen if _biggest(a).dim() and _biggest(a).shape[0] > 1]
+    batched = [a for a in seen if _biggest(a).dim() > 1 and _biggest(a).shape[0] > 1] or [
+        a for a in seen if _biggest(a).dim() and _biggest(a).shape[0] > 1]
     return min(batched or seen, key=_largest)
 
 
@@ -332,7 +353,8 @@ def table(results: list[BenchResult]) -> str:
     out = []
     for line in lines:
         if line[2] == "not timed:":
-            out.append(f"{line[0]:<{widths[0]}}  not equivalent, not timed: {line[3]}")
+            said = "not timed" if line[3].startswith("could not") else "not equivalent, not timed"
+            out.append(f"{line[0]:<{widths[0]}}  {said}: {line[3]}")
         else:
             out.append("  ".join(f"{str(c):<{w}}" for c, w in zip(line, widths)).rstrip())
     return "\n".join(out)
@@ -371,8 +393,7 @@ def render_html(doc: dict[str, Any]) -> str:
         parts.append(f"<h2 class='spec'>{html.escape(r['spec'])} ({html.escape(r['device'])})"
                      "</h2>")
         if not r["equivalent"]:
-            parts.append(f"<p class='failed'>not equivalent, not timed: "
-                         f"{html.escape(r['reason'])}</p>")
+            parts.append(f"<p class='failed'>not timed: {html.escape(r['reason'])}</p>")
             continue
         keys = ("size", "impl_ms", "ref_ms", "speedup", "impl_fwd_bwd_ms", "ref_fwd_bwd_ms",
                 "speedup_fwd_bwd", "impl_peak_bytes", "ref_peak_bytes")
@@ -441,7 +462,7 @@ def _plot(rows: list[dict[str, Any]], series: list[tuple[str, str, str]], label:
 def main(specs: list[Spec], *, sizes: Sequence[int] | None, device: str, min_time: float,
          json_path: str | None, html_path: str | None, out: Any, err: Any) -> int:
     """``equiv bench``: every spec benched, the table printed, the files written; 0 when
-    every spec was equivalent and timed, 1 when one was not equivalent."""
+    every spec was equivalent and timed, 1 when one was not (or could not be scaled)."""
     import json
 
     results = []

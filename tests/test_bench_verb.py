@@ -93,3 +93,23 @@ def test_equiv_bench_prints_the_table_and_writes_json_and_html(tmp_path, capsys)
     if BROWSER is not None:
         dom = _chromium(["--dump-dom", out_html.as_uri()], tmp_path / "profile").stdout
         assert "time (ms) against size" in dom and "polyline" in dom
+
+
+def four_rows_ref(x):
+    if x.shape[0] != 4:
+        raise ValueError("takes exactly 4 rows")
+    return x * 2
+
+
+def test_an_example_the_scaling_breaks_is_not_timed_and_says_why():
+    def four_rows(x):
+        if x.shape[0] != 4:
+            raise ValueError("takes exactly 4 rows")
+        return x + x
+
+    inputs = st.tuples(tensors(shape=(4, 3), dtype=torch.float32, requires_grad=True))
+    impl = equivalent_to(four_rows_ref, inputs=inputs)(four_rows)
+    result = equiv.bench(impl, **QUICK)
+    assert not result.equivalent and result.rows == []
+    assert result.reason.startswith("could not scale: the reference raised ValueError")
+    assert "not timed: could not scale" in _bench.table([result])
