@@ -122,6 +122,9 @@ class settings:
     #: after it; explicit ``examples=`` and, once an example has failed, every later one (so
     #: a failure found there shrinks and replays like any other); 1.0 runs them on every one
     costly_share: float = 0.25
+    #: every spec's implementation must be deterministic: two calls on fresh, equal inputs
+    #: give bitwise-equal outputs, mutated arguments and gradients (the ``determinism`` check)
+    deterministic: bool = False
 
     _profiles: ClassVar[dict[str, "settings"]] = {}
     _current: ClassVar[str] = "default"
@@ -187,6 +190,9 @@ class settings:
         if self.seed is not None and (not isinstance(self.seed, int)
                                       or isinstance(self.seed, bool)):
             raise InvalidArgument(f"settings(seed={self.seed!r}): give an integer or None.")
+        if not isinstance(self.deterministic, bool):
+            raise InvalidArgument(
+                f"settings(deterministic={self.deterministic!r}): give True or False.")
         if not isinstance(self.derandomize, bool):
             raise InvalidArgument(
                 f"settings(derandomize={self.derandomize!r}): give True or False.")

@@ -40,6 +40,18 @@ def _comma_list(value: str) -> tuple[str, ...]:
     return tuple(parts)
 
 
+def _sizes(value: str) -> tuple[int, ...]:
+    """``--sizes 1e3,1e5``: element counts (``1000`` or ``1e3``)."""
+    try:
+        sizes = tuple(int(float(v)) for v in value.split(",") if v.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or any(s < 1 for s in sizes):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: give element counts >= 1 separated by commas, e.g. 1e3,1e5")
+    return sizes
+
+
 def _positive(value: str) -> int:
     try:
         n = int(value)
@@ -55,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="equiv", description="Prove fast, mutating PyTorch implementations equivalent to "
         "their pure references.", epilog="Exit status: 0 all pass, 1 findings, 2 usage or "
         "import error, 130 interrupted.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{check,list,lab}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{check,list,bench,lab}")
     p = sub.add_parser("check", help="run every registered spec found in the targets",
                        description="Import the targets and run every @equivalent_to spec.")
     p.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE",
@@ -86,6 +98,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="write a self-contained HTML report")
     p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                    help="progress bar on stderr (auto: only on a terminal)")
+    b = sub.add_parser("bench", help="time each spec's implementation against its reference "
+                       "(after a quick equivalence check), docs/bench.md")
+    b.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE")
+    b.add_argument("--sizes", type=_sizes, default=None, metavar="N1,N2",
+                   help="elements of the largest tensor argument (default 1e3,1e5,1e6)")
+    b.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu (default) or cuda")
+    b.add_argument("--min-time", type=float, default=0.2, metavar="SECONDS",
+                   help="seconds each measurement runs at least (default 0.2)")
+    b.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    b.add_argument("--html", default=None, metavar="FILE",
+                   help="write an HTML page with plots of time and memory against size")
     q = sub.add_parser("list", help="list the specs found in the targets and their contracts")
     q.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE")
     lab = sub.add_parser("lab", help="write the function lab page (and open it with --open)",
@@ -147,6 +170,16 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
     if args.command == "list":
         _list(specs, out)
         return EXIT_OK
+    if args.command == "bench":
+        from equiv import _bench
+
+        try:
+            return _bench.main(specs, sizes=args.sizes, device=args.device,
+                               min_time=args.min_time, json_path=args.json,
+                               html_path=args.html, out=out, err=err)
+        except equiv.InvalidArgument as e:
+            print(f"equiv: {e}", file=err)
+            return EXIT_USAGE
     try:
         specs = _placed(specs, args.reference_dtype, args.reference_device)
     except equiv.InvalidArgument as e:

@@ -260,6 +260,8 @@ def _inputs(spec: Spec, cfg: Settings, mode: Mode) -> Any:
     if not spec.derived_inputs:  # compile modes: avoid sides of 0/1, which Dynamo specialises
         return prefer_sides_of_two(spec.inputs) if mode.kind == "compile" else spec.inputs
     dtypes = [getattr(torch, d) for d in cfg.dtypes]
+    if mode.kind == "autocast":  # autocast casts float32 only (float64 runs as written)
+        dtypes = [torch.float32]
     if mode.kind == "compile":
         return arguments_for(spec.signature, dtypes_=dtypes[:1],
                              shape_strategy=shapes(compile_friendly=True, max_dims=2),
@@ -471,6 +473,13 @@ def _unchecked(spec: Spec, cfg: Settings, mode: Mode, device: str, state: ModeRu
                            "make the reference differentiable (torch ops, no .detach() or "
                            "NumPy), or declare equivalent_to(grads=False) if gradients are not "
                            "part of the contract.")]
+    why = state.uncompared.get("batch-invariance", "")
+    if why and "batch-invariance" not in state.compared:
+        return [_run_level(spec, mode, device, "not-checked",
+                           f"batch invariance was compared on no example under {mode.name} "
+                           f"({why.split('(', 1)[-1].rstrip(')')}), which is not a pass.",
+                           "make inputs= draw a batch of 2 or more along the batch_invariant= "
+                           "dim, in tensors that are not views of one another.")]
     return []
 
 
@@ -514,14 +523,17 @@ def _drive(spec: Spec, mode: Mode, device: str, wrapped: Callable[[], None],
     except _Abort as e:
         raise e.error from None
     except FlakyFailure as e:  # before BaseExceptionGroup: FlakyFailure is one
-        findings.append(_flaky(spec, mode, device, e))
+        found += _irreproducible(e)
+        findings += [] if _irreproducible(e) else [_flaky(spec, mode, device, e)]
     except BaseExceptionGroup as group:  # several distinct bugs (one may be flaky)
         found += [exc for exc in group.exceptions if isinstance(exc, _Found)]
         for exc in group.exceptions:
             if isinstance(exc, _Abort):
                 raise exc.error from None
-        findings += [_flaky(spec, mode, device, exc) for exc in group.exceptions
-                     if isinstance(exc, FlakyFailure)]
+        flaky = [exc for exc in group.exceptions if isinstance(exc, FlakyFailure)]
+        found += [x for exc in flaky for x in _irreproducible(exc)]
+        findings += [_flaky(spec, mode, device, exc) for exc in flaky
+                     if not _irreproducible(exc)]
         escaped = [exc for exc in group.exceptions
                    if not isinstance(exc, (_Found, FlakyFailure))]
         if escaped:  # one error stops the spec, without equiv's signals around it
@@ -565,6 +577,17 @@ def _escaped(spec: Spec, e: BaseException) -> BaseException:
         "this spec. Code under test must not exit the process: raise an exception instead.")
     error.__cause__ = e
     return error
+
+
+#: checks whose findings are irreproducible by nature (their evidence is calls that differ)
+_BY_NATURE_FLAKY = ("determinism",)
+
+
+def _irreproducible(e: FlakyFailure) -> list["_Found"]:
+    """The bugs of a flaky failure that only checks of :data:`_BY_NATURE_FLAKY` found:
+    reported as found (a replay that agrees does not undo two calls that differed)."""
+    return [x for x in e.exceptions if isinstance(x, _Found) and x.findings
+            and all(f.check in _BY_NATURE_FLAKY for f in x.findings)]
 
 
 def _flaky(spec: Spec, mode: Mode, device: str, e: FlakyFailure) -> Finding:
@@ -634,7 +657,8 @@ def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str,
     except (NotCompiled, InvalidArgument):
         return findings
     if not {f.check for f in again.findings} & {f.check for f in findings}:
-        return [_with(f, attribution=FLAKY) for f in findings]
+        return [f if f.check in _BY_NATURE_FLAKY else _with(f, attribution=FLAKY)
+                for f in findings]
     findings = _write_only_read(spec, cfg, state, device, found, findings)
     if mode.kind == "eager":
         return findings

@@ -85,6 +85,9 @@ class Spec:
     constants: tuple[str, ...] = ()
     #: per-argument variant kinds of ``variants={"x": (...), "cos": ()}`` (others: ``variants``)
     argument_variants: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: opt-in properties of the implementation alone (checks ``determinism``, ``batch-invariance``)
+    deterministic: bool = False
+    batch_invariant: int | None = None
 
     @property
     def implementation(self) -> str:
@@ -204,6 +207,8 @@ def equivalent_to(
     constants: Sequence[str] = (),
     grads: bool = True,
     allow_skip: Sequence[str] = (),
+    deterministic: bool = False,
+    batch_invariant: int | None = None,
     **module_options: Any,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
@@ -230,25 +235,26 @@ def equivalent_to(
     ``grads=False``: gradients are not part of the contract; ``allow_skip=("vmap",)``: a skip
     of that transform as unsupported by torch is accepted (docs/reference.md, Verdicts).
     ``block_sizes`` (e.g. ``(64,)``) steers derived inputs toward lengths ``k*b - 1, k*b,
-    k*b + 1`` along one dim. ``ref`` may be an ``nn.Module`` class or instance, with
-    ``module_options`` describing the pair (:mod:`equiv.modules`). Returns the implementation
-    unchanged, with ``__equiv_spec__`` attached (docs/reference.md lists every option).
+    k*b + 1`` along one dim; ``deterministic=True`` and ``batch_invariant=DIM`` are opt-in
+    checks. ``ref`` may be an ``nn.Module`` (``module_options``: :mod:`equiv.modules`). Returns the
+    implementation with ``__equiv_spec__`` attached (docs/reference.md lists every option).
     """
-    options = dict(
-        mutates=mutates, inputs=inputs, examples=examples, rtol=rtol, atol=atol,
-        settings=settings, name=name, variants=variants, schedules=schedules,
-        parameters=parameters, max_memory_ratio=max_memory_ratio,
-        max_retained_bytes=max_retained_bytes, aliases=aliases, error_inputs=error_inputs,
-        raises=raises, match=match, block_sizes=block_sizes)
+    options = dict(mutates=mutates, inputs=inputs, examples=examples, rtol=rtol, atol=atol,
+                   settings=settings, name=name, variants=variants, schedules=schedules,
+                   parameters=parameters, max_memory_ratio=max_memory_ratio,
+                   max_retained_bytes=max_retained_bytes, aliases=aliases,
+                   error_inputs=error_inputs, raises=raises, match=match, block_sizes=block_sizes)
     module_pair = _MODULE_HOOK and _MODULE_HOOK(ref, module_options, dict(options))
     placement = validate_reference(reference_dtype, reference_device, "equivalent_to")
     if module_pair is not None:
         return _module_pair(module_pair, placement != (None, None) or grads is not True
-                            or bool(allow_skip) or bool(write_only) or bool(constants))
+                            or any((allow_skip, write_only, constants, deterministic))
+                            or batch_invariant is not None)
     _validate_plain_options(ref, options)
     options.update(block_sizes=_validate_block_sizes(block_sizes),
                    write_only=_validate_write_only(write_only, mutates), constants=constants,
-                   **_validate_verdict_options(grads, allow_skip))
+                   **_validate_verdict_options(grads, allow_skip),
+                   **_validate_properties(deterministic, batch_invariant))
 
     def decorate(impl: F) -> F:
         caller = sys._getframe(1).f_globals  # the namespace applying the decorator
@@ -337,17 +343,33 @@ def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, st
         error_inputs=err_inputs, raises=err_type, match=err_match,
         block_sizes=o["block_sizes"], reference_dtype=placement[0],
         reference_device=placement[1], grads=o["grads"], allow_skip=o["allow_skip"],
-        write_only=o["write_only"],
+        write_only=o["write_only"], deterministic=o["deterministic"],
+        batch_invariant=o["batch_invariant"],
         module=_owner_module(target, str(caller.get("__name__", ""))),
     )
 
 
 def _module_pair(decorate: Any, unsupported: bool) -> Any:
     if unsupported:
-        raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=, grads=, "
-                              "allow_skip=, write_only=, constants=) are not supported for "
-                              "nn.Module pairs; pass the first four to check() or settings().")
+        raise InvalidArgument(
+        "equivalent_to(reference_dtype=, reference_device=, grads=, allow_skip=, write_only=, "
+        "constants=, deterministic=, batch_invariant=) are not supported for nn.Module pairs; "
+        "pass the first four to check() or settings(), deterministic= to settings().")
     return decorate
+
+
+def _validate_properties(deterministic: Any, batch_invariant: Any) -> dict[str, Any]:
+    """``deterministic=`` and ``batch_invariant=`` (opt-in properties), validated."""
+    if not isinstance(deterministic, bool):
+        raise InvalidArgument(
+            f"equivalent_to(deterministic={deterministic!r}): give True (two calls on equal "
+            "inputs must give bitwise-equal results) or False.")
+    if batch_invariant is not None and (isinstance(batch_invariant, bool) or not isinstance(
+            batch_invariant, int) or batch_invariant < 0):
+        raise InvalidArgument(
+            f"equivalent_to(batch_invariant={batch_invariant!r}): give the batch dimension, "
+            "an int >= 0 (e.g. batch_invariant=0), or None.")
+    return dict(deterministic=deterministic, batch_invariant=batch_invariant)
 
 
 def _validate_verdict_options(grads: Any, allow_skip: Any) -> dict[str, Any]:

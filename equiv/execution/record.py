@@ -18,6 +18,7 @@ from equiv.execution.calls import isolated, user_error
 from equiv.execution.calls import leaves as leaves_of
 from equiv.execution.calls import vjp
 from equiv.execution.graph import builtin_only, function_nodes
+from equiv.execution.runs import ImplRun, impl_run
 from equiv.execution.verdict import (
     FD_MAX_ELEMENTS,
     OracleVJP,
@@ -349,6 +350,14 @@ class Execution:
     def call(self, which: str, side: Side) -> tuple[Any, BaseException | None]:
         """The implementation (``"impl"``) or reference (``"ref"``) in this mode, on ``side``."""
         return call(self.impl_fn if which == "impl" else self.ref_fn, side)
+
+    def impl_run(self, template: Template | None = None,
+                 cotangents: dict[str, torch.Tensor] | None = None) -> ImplRun:
+        """The implementation alone once more, in this mode, on a fresh copy of ``template``
+        (default this example's): its values and gradients for ``cotangents`` (default drawn
+        from the example's seed, the same on every run), see :func:`~equiv.execution.runs.impl_run`."""
+        return impl_run(self.impl_fn, list(self.spec.mutates), template or self.template,
+                        self.device, self.cot_seed, cotangents)
 
     def rerun(self, template: Template) -> tuple[Rerun | None, BaseException | None]:
         """Both sides again on fresh copies of ``template``: (run, None); (None, None) when the
