@@ -218,9 +218,8 @@ def equivalent_to(
     must stay bitwise unchanged. ``inputs`` is a Hypothesis strategy of argument tuples (or
     ``equiv.Args``); when omitted, inputs are derived from the signature. ``examples`` always run
     first. ``rtol``/``atol`` override the dtype's default tolerance (give both or neither).
-    ``variants`` (default ``True``: other layouts and aliasing of unmutated arguments) says which
-    automatic input variants the runner explores, or per argument (``{"cos": ()}``); see
-    :mod:`equiv.variants`. ``constants``: arguments never made to require grad (:mod:`equiv.roles`).
+    ``variants`` (default ``True``) says which input variants the runner explores, or per argument
+    (``{"cos": ()}``); ``constants``: arguments never made to require grad (:mod:`equiv.roles`).
     ``schedules`` adds :class:`equiv.Schedule` scripts (with their expected outcome) to the
     built-in hazardous schedules; ``parameters`` names the arguments an optimizer steps.
     ``max_memory_ratio`` (implementation peak / reference peak) and ``max_retained_bytes`` (bytes
@@ -230,8 +229,7 @@ def equivalent_to(
     which both sides must raise; ``raises``/``match`` are the error type and message regex both
     sides' errors must have (then an example on which both raise it counts as a pass).
     ``reference_dtype``/``reference_device`` run the reference in another floating dtype or on
-    another device (e.g. ``torch.float64``, ``"cpu"``) and compare at the implementation's; they
-    win over ``check()``'s arguments and the command-line flags, like the other settings.
+    another device (e.g. ``torch.float64``) and compare at the implementation's.
     ``grads=False``: gradients are not part of the contract; ``allow_skip=("vmap",)``: a skip
     of that transform as unsupported by torch is accepted (docs/reference.md, Verdicts).
     ``block_sizes`` (e.g. ``(64,)``) steers derived inputs toward lengths ``k*b - 1, k*b,
