@@ -200,11 +200,16 @@ def test_dash_k_selects_specs_by_name_with_pytest_semantics(newcomer):
     assert proc.returncode == 0, err
     assert {ln for ln in out.splitlines() if ln and not ln.startswith((" ", "equiv:"))} == {
         "probe_neg", "fastops.act.relu_"}
-    out, err = text(proc := cmd(newcomer, "list", "tests/specs_correct.py", "-k", "nomatch"))
-    assert proc.returncode == 2 and "-k 'nomatch' matches none of the 3 specs found" in err
-    out, err = text(proc := cmd(newcomer, "list", "tests/specs_correct.py", "-k", "scale and"))
-    assert proc.returncode == 2 and err.startswith("equiv: -k 'scale and': not a valid -k "
-                                                   "expression"), err
+
+
+def test_dash_k_matching_nothing_or_malformed_is_exit_2(tmp_path):
+    path = write(tmp_path, "k_selection.py", GOOD)
+    code, out, err = in_process("list", str(path), "-k", "nomatch")
+    assert (code, out) == (2, "")
+    assert err == "equiv: -k 'nomatch' matches none of the 1 specs found (k_selection.double).\n"
+    code, out, err = in_process("check", str(path), *QUICK, "-k", "double and")
+    assert (code, out) == (2, "")
+    assert err.startswith("equiv: -k 'double and': not a valid -k expression"), err
 
 
 # -- 1. report paths are validated before any user code runs ---------------------------------
