@@ -26,12 +26,13 @@ def load_target(target: str) -> list[Spec]:
     the user); exceptions raised by the user's modules propagate unchanged (callers show the
     traceback).
     """
-    specs: list[Spec] = []
-    for m in _modules(target):
-        for s in specs_in_module(m):
-            if all(s.name != t.name for t in specs):
-                specs.append(s)
-    return specs
+    modules = _modules(target)
+    specs: dict[str, Spec] = {}
+    for direct in (True, False):  # each spec first under its own module, in walk order
+        for m in modules:
+            for s in specs_in_module(m, direct=direct):
+                specs.setdefault(s.name, s)
+    return list(specs.values())
 
 
 class TargetNotFound(ImportError):
@@ -99,11 +100,12 @@ def _package_name(folder: Path) -> str:
     return name
 
 
-def specs_in_module(module: ModuleType) -> list[Spec]:
+def specs_in_module(module: ModuleType, *, direct: bool = False) -> list[Spec]:
     """The specs that belong to ``module``: its decorated attributes in definition order, then
     any other registered spec of that module (factory-made ones included), then every spec its
     import registered (``equivalent_to(ref)(pkg.kernel)`` in a specs file, for a kernel
-    defined elsewhere)."""
+    defined elsewhere). ``direct``: only the specs it defines or registered itself (not
+    through a module it imported)."""
     found: dict[str, Spec] = {}
     values = list(vars(module).values())  # not getattr: a lazy module attribute may raise
     for value in values:
@@ -111,25 +113,27 @@ def specs_in_module(module: ModuleType) -> list[Spec]:
             spec = inspect.getattr_static(value, "__equiv_spec__", None)
         except Exception:  # an object whose type lookup itself fails: not a spec
             continue
-        if isinstance(spec, Spec) and _belongs(spec, module.__name__):
+        if isinstance(spec, Spec) and _belongs(spec, module.__name__, direct):
             found.setdefault(spec.name, spec)
     for spec in list(_REGISTRY.values()):
         if spec.module == module.__name__:
             found.setdefault(spec.name, spec)
     for spec in list(_REGISTRY.values()):
-        if module.__name__ in spec.sites:
+        if _belongs(spec, module.__name__, direct):
             found.setdefault(spec.name, spec)
     return list(found.values())
 
 
-def _belongs(spec: Spec, module: str) -> bool:
-    return spec.module == module or module in spec.sites
+def _belongs(spec: Spec, module: str, direct: bool) -> bool:
+    """Whether ``module`` defines ``spec``'s implementation or its import registered it."""
+    sites = spec.sites[:1] if direct else spec.sites
+    return spec.module == module or module in sites
 
 
 def _import_file(path: Path) -> ModuleType:
     """Import one ``.py`` file under a module name that shadows nothing: its stem unless a
-    module of that name exists elsewhere (the standard library, torch's dependencies), else a
-    unique ``_equiv_target.<stem>`` name. Its folder goes at the end of ``sys.path`` while it
+    module of that name exists elsewhere (the standard library, torch's dependencies), else
+    ``<folder>.<stem>``, else a unique ``_equiv_target.<stem>``. Its folder goes at the end of ``sys.path`` while it
     runs, so sibling imports work and never hide an installed module."""
     path = path.resolve()
     for mod in list(sys.modules.values()):
@@ -162,9 +166,9 @@ def _free_name(path: Path) -> str:
     stem = path.stem
     if stem.isidentifier() and stem not in sys.modules and not _exists_elsewhere(stem, path):
         return stem
-    if stem.isidentifier() and f"{path.parent.name}.{stem}" not in sys.modules \
-            and not _exists_elsewhere(path.parent.name, path.parent):
-        return f"{path.parent.name}.{stem}"
+    dotted = f"{path.parent.name}.{stem}"  # never a top-level name: shadows nothing
+    if stem.isidentifier() and path.parent.name.isidentifier() and dotted not in sys.modules:
+        return dotted
     base = f"_equiv_target.{stem}" if stem.isidentifier() else "_equiv_target.module"
     name, n = base, 1
     while name in sys.modules:
