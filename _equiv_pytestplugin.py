@@ -172,10 +172,25 @@ def pytest_configure(config: Any) -> None:
     config.stash[_STATE] = state
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(state), "equiv-xdist")
-    if state.report_path or state.html_path:
+    if state.report_path is not None or state.html_path is not None:
+        if not state.is_worker:
+            _prepare_reports(state)
         config.pluginmanager.register(_ReportHooks(state), "equiv-reports")
     if state.requested:
         state.apply()  # fail fast on a bad profile/modes, before collection
+
+
+def _prepare_reports(state: _State) -> None:
+    """Validate the report paths and make them absolute (a test's chdir cannot move them),
+    and remove stale reports there, before any test runs."""
+    from equiv._reports import ReportPathError, prepare
+
+    try:
+        paths = prepare([("--equiv-report", state.report_path),
+                         ("--equiv-html", state.html_path)])
+    except ReportPathError as e:
+        raise pytest.UsageError(f"{e}.") from None
+    state.report_path, state.html_path = paths.get("--equiv-report"), paths.get("--equiv-html")
 
 
 def pytest_unconfigure(config: Any) -> None:
@@ -282,10 +297,12 @@ class _ReportHooks:
             if name == _RESULT_PROPERTY and isinstance(value, dict):
                 self.state.results.append(dict(value, nodeid=report.nodeid))
 
-    def pytest_sessionfinish(self, session: Any) -> None:
+    def pytest_sessionfinish(self, session: Any, exitstatus: Any) -> None:
         state = self.state
         if state.is_worker or not (state.report_path or state.html_path):
             return
         from equiv.pytest import _write_reports
 
-        _write_reports(state)
+        ended_early = (int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)
+                       or bool(session.shouldstop) or bool(session.shouldfail))
+        _write_reports(state, complete=not ended_early)

@@ -154,3 +154,27 @@ def default_tolerances(dtype: torch.dtype) -> tuple[float, float] | None:
     except Exception:  # its signature changed: the caller takes assert_close's own path
         return None
     return rtol, atol
+
+
+# -- selection by name (equiv check -k, equiv list -k) --------------------------------------
+def keyword_matcher(expression: str) -> Any:
+    """A predicate over spec names with pytest's ``-k`` semantics: ``and``/``or``/``not``,
+    parentheses, each identifier a case-insensitive substring of the name. Uses pytest's own
+    parser (``_pytest.mark.expression``, private, stable since pytest 6). Raises ``ValueError``
+    with the parser's message for a malformed expression."""
+    from _pytest.mark.expression import Expression
+
+    try:
+        compiled = Expression.compile(expression)
+    except SyntaxError as e:
+        raise ValueError(f"not a valid -k expression ({e.msg}, at column {e.offset})") from None
+
+    def matches(name: str) -> bool:
+        def matcher(sub: str, /, **kwargs: Any) -> bool:
+            if kwargs:
+                raise ValueError("-k expressions over spec names take no call parameters")
+            return sub.lower() in name.lower()
+
+        return compiled.evaluate(matcher)
+
+    return matches

@@ -78,6 +78,9 @@ class Spec:
     allow_skip: tuple[str, ...] = ()
     #: the module the spec belongs to (collected by ``equiv check``, ``tests_for(module)``)
     module: str = ""
+    #: the modules whose import registered it (their top-level code was running), innermost
+    #: first: a spec also belongs to each of them
+    sites: tuple[str, ...] = ()
     #: mutated arguments the implementation overwrites entirely (filled with NaN before its call)
     write_only: tuple[str, ...] = ()
     #: arguments declared constant (equiv.roles: never made to require grad by equiv, never
@@ -170,11 +173,16 @@ def registry() -> dict[str, Spec]:
 
 
 def get_spec(impl: Any) -> Spec:
+    """The spec of ``impl``: a decorated implementation (any spelling of a custom op), a
+    ``Spec``, or a spec's own ``impl`` (the callable equiv runs, e.g. a custom op's wrapper)."""
     spec = own_spec(impl, _REGISTRY.values())
     if isinstance(spec, Spec):
         return spec
     if isinstance(impl, Spec):
         return impl
+    for spec in _REGISTRY.values():
+        if spec.impl is impl:
+            return spec
     raise InvalidArgument(
         f"{_qualname(impl)} has no equiv spec: decorate it with @equivalent_to(reference) "
         "before calling check()."
@@ -255,12 +263,26 @@ def equivalent_to(
                    **_validate_properties(deterministic, batch_invariant))
 
     def decorate(impl: F) -> F:
-        caller = sys._getframe(1).f_globals  # the namespace applying the decorator
-        spec = _register(_build_spec(impl, ref, options, placement, caller), caller,
-                         explicit=name is not None)
+        frame = sys._getframe(1)
+        caller = frame.f_globals  # the namespace applying the decorator
+        spec = _register(_build_spec(impl, ref, options, placement, caller,
+                                     _registering_modules(frame)),
+                         caller, explicit=name is not None)
         return _attach(impl, spec)
 
     return decorate
+
+
+def _registering_modules(frame: Any) -> tuple[str, ...]:
+    """The names of the modules whose top-level code is on the stack from ``frame`` out (the
+    imports that are registering a spec), innermost first."""
+    names: list[str] = []
+    while frame is not None:
+        name = frame.f_globals.get("__name__")
+        if frame.f_code.co_name == "<module>" and isinstance(name, str) and name not in names:
+            names.append(name)
+        frame = frame.f_back
+    return tuple(names)
 
 
 def _attach(impl: F, spec: Spec) -> F:
@@ -304,7 +326,7 @@ def _validate_plain_options(ref: Any, o: dict[str, Any]) -> None:
 
 
 def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, str | None],
-                caller: dict[str, Any]) -> Spec:
+                caller: dict[str, Any], sites: tuple[str, ...] = ()) -> Spec:
     """The spec of ``impl``: its signature read and every signature-bound option validated."""
     if not callable(impl):
         raise InvalidArgument(f"@equivalent_to decorates a callable, got {impl!r:.60}.")
@@ -343,7 +365,7 @@ def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, st
         reference_device=placement[1], grads=o["grads"], allow_skip=o["allow_skip"],
         write_only=o["write_only"], deterministic=o["deterministic"],
         batch_invariant=o["batch_invariant"],
-        module=_owner_module(target, str(caller.get("__name__", ""))),
+        module=_owner_module(target, str(caller.get("__name__", ""))), sites=sites,
     )
 
 
