@@ -263,12 +263,10 @@ def equivalent_to(
                    **_validate_properties(deterministic, batch_invariant))
 
     def decorate(impl: F) -> F:
-        frame = sys._getframe(1)
-        caller = frame.f_globals  # the namespace applying the decorator
-        spec = _register(_build_spec(impl, ref, options, placement, caller,
-                                     _registering_modules(frame)),
-                         caller, explicit=name is not None)
-        return _attach(impl, spec)
+        frame = sys._getframe(1)  # the frame applying the decorator
+        spec = _build_spec(impl, ref, options, placement, frame.f_globals,
+                           _registering_modules(frame))
+        return _attach(impl, _register(spec, frame.f_globals, explicit=name is not None))
 
     return decorate
 
