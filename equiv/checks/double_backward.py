@@ -19,12 +19,22 @@ from equiv.execution.graph import (
     graph_nodes,
     is_delayed_error,
 )
-from equiv.execution.record import Execution, Sink, reference_run
+from equiv.execution.record import (
+    Execution,
+    Sink,
+    by_differences,
+    fd_only_note,
+    reference_run,
+)
 
 NAME = "double-backward"
 
 
 def run(ex: Execution, sink: Sink) -> None:
+    why = by_differences(ex)
+    if why is not None:
+        sink.note(fd_only_note(NAME, "double backward (second-order gradients)", why))
+        return
     done, exc = ex.rerun(ex.template)
     if done is None or exc is not None or not done.pairing.ok:
         return  # the core checks report a failing call

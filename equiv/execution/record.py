@@ -24,6 +24,7 @@ from equiv.execution.verdict import (
     fd_check,
     fd_plan,
     fd_reference,
+    fd_terms,
     judge_leaf,
     named_values,
     summed_terms,
@@ -701,7 +702,7 @@ class Execution:
 
     def finite_differences(self) -> tuple[Any, str | None]:
         """The implementation's VJP against central differences of the reference in float64
-        (four reference calls), for a reference that cannot differentiate: (FiniteDifference,
+        (eight reference calls), for a reference that cannot differentiate: (FiniteDifference,
         None), or (None, why not) -- why None when nothing is differentiated. Cached."""
         if "finite-differences" not in self.cache:
             self.cache["finite-differences"] = self._finite_differences()
@@ -725,10 +726,11 @@ class Execution:
             return None, f"the implementation's backward raised {type(err).__name__}"
         fn = fd_reference(self.template, plan, self.ref_fn, lambda r: split(self.spec, r),
                           self.device)
+        terms = fd_terms(self.template, plan, self.impl_side, cots)
         try:
             with isolated():
                 return fd_check(fn, plan, cots, grads, plan.impl_values[0].dtype,
-                                self.cot_seed), None
+                                self.cot_seed, terms), None
         except BaseException as e:  # the reference raised in float64: no finite differences
             if not user_error(e):
                 raise
@@ -1059,6 +1061,26 @@ def kink_cause(ex: Execution, group: Any, m: Any) -> str | None:
             "output or gradient jumps there): the two sides pick different one-sided "
             "derivatives (subgradients). If either is acceptable, keep the inputs away from it "
             "(inputs=...) or use the reference's convention.")
+
+
+def by_differences(ex: Execution) -> str | None:
+    """Why the first backward is judged only by finite differences of the reference (it cannot
+    differentiate: its backward raises, or its result has no autograd history), else None. A
+    second backward (a new cotangent, or double backward) then has nothing to be compared
+    with."""
+    pairing = ex.pairing()
+    if pairing.pairs:
+        err = ex.ref_grads(1)[1] if pairing.ok else None
+        return None if err is None else f"its backward raised {type(err).__name__}"
+    fd, _ = ex.finite_differences()
+    return None if fd is None else "its result has no autograd history"
+
+
+def fd_only_note(check: str, what: str, why: str) -> str:
+    """The note of a check of a second backward where only finite differences judge the first
+    (:func:`by_differences`)."""
+    return (f"{check} not compared: the reference cannot differentiate ({why}), and finite "
+            f"differences judge the first backward only ({what} was not checked)")
 
 
 def name_cotangent(ex: Execution, sink: Sink, first: int) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from equiv.compare import Mismatch, compare_leaf, dtype_tolerance_overridden
+from equiv.errors import user_error
 from equiv.examples import Side, Template
 from equiv.execution.calls import cotangent, vjp
 from equiv.execution.calls import leaves as leaves_of
@@ -161,19 +162,47 @@ def fd_reference(template: Template, plan: FDPlan, ref: Callable[..., Any],
 
 
 def fd_check(fn: Callable[..., list[torch.Tensor]], plan: FDPlan, cots: list[torch.Tensor],
-             impl_grads: list[torch.Tensor], dtype: torch.dtype,
-             seed: int) -> FiniteDifference:
-    """:func:`equiv.numerics.check_vjp_fd` of the implementation's VJP against ``fn``."""
+             impl_grads: list[torch.Tensor], dtype: torch.dtype, seed: int,
+             terms: list[torch.Tensor | None] | None = None) -> FiniteDifference:
+    """:func:`equiv.numerics.check_vjp_fd` of the implementation's VJP against ``fn``
+    (``terms``: the size of each gradient element's terms, :func:`fd_terms`)."""
     args = tuple(leaf.detach().cpu() for leaf in plan.impl_leaves)
+    sizes = None if terms is None else tuple(None if t is None else t.cpu() for t in terms)
     return check_vjp_fd(fn, args, [c.cpu() for c in cots], tuple(g.cpu() for g in impl_grads),
-                        dtype=dtype, seed=seed)
+                        dtype=dtype, seed=seed, terms=sizes)
+
+
+def fd_terms(template: Template, plan: FDPlan, side: Side,
+             cots: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    """Per planned group, ``sum |term|`` of the implementation's own gradient (through its
+    retained graph, :func:`term_magnitude`) where the group overlaps (an expanded argument's
+    gradient sums one term per view: its float32 rounding is that of the terms, which the sum
+    can cancel); None for the others and where it cannot be taken."""
+    out: list[torch.Tensor | None] = []
+    for g, leaf in zip(plan.groups, plan.impl_leaves):
+        try:
+            t = None if g.simple else term_magnitude(template, g, side, plan.impl_values, cots)
+        except BaseException as e:  # the user's backward raised on a second pass
+            if not user_error(e):
+                raise
+            t = None
+        out.append(None if t is None or t.numel() != leaf.numel() else t.reshape(leaf.shape))
+    return out
 
 
 def fd_message(fd: FiniteDifference) -> str:
-    return (f"finite differences of the reference in float64 (central, step {fd.step:.2g}, "
-            f"along one direction): <cotangent, J v> = {fd.value:.6g}; the implementation's "
-            f"<vjp(cotangent), v> = {fd.analytic:.6g}; difference "
-            f"{abs(fd.value - fd.analytic):.3g}, allowed {fd.tolerance:.3g}")
+    if fd.nonfinite < 0:
+        return (f"the implementation's gradient is inf/NaN at {-fd.nonfinite} element(s) where "
+                "the reference's outputs are finite at every point finite differences "
+                "evaluated (float64)")
+    left = (f"; {fd.nonfinite} inf/NaN gradient element(s) left out (the reference's outputs "
+            "are inf/NaN too)") if fd.nonfinite else ""
+    return (f"finite differences of the reference in float64 (central, steps {2 * fd.step:.2g} "
+            f"and {fd.step:.2g}, along one direction): <cotangent, J v> = {fd.value:.6g}; the "
+            f"implementation's <vjp(cotangent), v> = {fd.analytic:.6g}; difference "
+            f"{abs(fd.value - fd.analytic):.3g}, allowed {fd.tolerance:.3g} (the finite "
+            f"difference's own error {fd.fd_error:.2g}, estimated from the two steps, + the "
+            f"rounding of the gradient's terms {fd.rounding:.2g}){left}")
 
 
 def summed_terms(template: Template, group: Any) -> float:
