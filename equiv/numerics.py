@@ -356,6 +356,41 @@ def _rounding_line(m: NumericMismatch) -> str:
             "where intended)")
 
 
+#: the oracle is not valid for a value when the reference at the value's dtype and in float64
+#: differ by more than this share of the values' size (or ``ORACLE_INVALID_ULPS`` ULPs of it,
+#: if larger): no rounding does that; a reference drawing random numbers in its compute dtype
+#: (a dropout mask) does, and so does one that is another function in float64
+ORACLE_INVALID_SHARE = 0.05
+ORACLE_INVALID_ULPS = 64.0
+
+
+def oracle_disagreement(oracle: torch.Tensor, baseline: torch.Tensor, dtype: torch.dtype,
+                        magnitude: torch.Tensor | None = None) -> tuple[float, float] | None:
+    """``(max |baseline - oracle|, size)`` when the reference at ``dtype`` (the baseline) and in
+    float64 (the oracle) differ far beyond ``dtype``'s rounding of the values (the larger of
+    ``ORACLE_INVALID_SHARE`` x and ``ORACLE_INVALID_ULPS`` ULPs of ``size``, the largest finite
+    ``|oracle|``, ``|baseline|`` or ``magnitude`` of their terms), else None: then the oracle is
+    another function for this example and cannot judge it. Elements where either is inf/NaN are
+    left out."""
+    o, b = _to64(oracle), _to64(baseline)
+    if o.shape != b.shape or o.numel() == 0:
+        return None
+    fin = torch.isfinite(o) & torch.isfinite(b)
+    if not bool(fin.any()):
+        return None
+    zero = torch.zeros((), dtype=torch.float64)
+    diff = float(torch.where(fin, (b - o).abs(), zero).max())
+    size = max(float(torch.where(fin, o.abs(), zero).max()),
+               float(torch.where(fin, b.abs(), zero).max()))
+    if magnitude is not None:
+        m = _to64(magnitude)
+        size = max(size, float(torch.nan_to_num(m, nan=0.0, posinf=0.0).max()) if m.numel()
+                   else 0.0)
+    limit = max(ORACLE_INVALID_SHARE * size,
+                ORACLE_INVALID_ULPS * float(ulp(torch.tensor(size), dtype)))
+    return (diff, size) if diff > limit else None
+
+
 def oracle_name(dtype: str) -> str:
     """The oracle's dtype name for a result of dtype ``dtype`` ("float32", "torch.complex64")."""
     return "complex128" if "complex" in dtype else "float64"

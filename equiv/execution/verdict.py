@@ -25,7 +25,7 @@ from equiv.execution.calls import cotangent, vjp
 from equiv.execution.calls import leaves as leaves_of
 from equiv.numerics import FLOOR_ULPS_DEFAULTS, K_DEFAULTS, FiniteDifference, NumericMismatch, check_vjp_fd
 from equiv.numerics import judge as judge_numbers
-from equiv.numerics import oracle_dtype
+from equiv.numerics import oracle_disagreement, oracle_dtype
 
 #: finite differences only on examples with at most this many differentiable elements
 FD_MAX_ELEMENTS = 4096
@@ -73,6 +73,12 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
         fallback = judge_numbers(actual, None, b, dtype=actual.dtype, path=name, why=reason)
         return fallback
     size = _get(magnitude)  # the size of the terms: the floor is taken there
+    invalid = oracle_disagreement(o, b, actual.dtype, size)
+    if invalid is not None:  # the oracle is another function here: the reference's dtype judges
+        found = judge_numbers(actual, None, b, dtype=actual.dtype, path=name,
+                              why=invalid_oracle(actual.dtype, *invalid))
+        return found if found is None else dataclasses.replace(
+            found, why=invalid_oracle(actual.dtype))
     ulps = FLOOR_ULPS_DEFAULTS[kind] * (1.0 if size is not None else max(terms, 1.0) ** 0.5)
     found = judge_numbers(actual, o, b, k=K_DEFAULTS[kind], floor_ulps=ulps, dtype=actual.dtype,
                           path=name, baseline_nonfinite=not cross, magnitude=size)
@@ -82,6 +88,17 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
     extra = [ln for ln in m.message.splitlines() if ln not in seen]
     head = ["against the per-dtype default tolerance (torch.testing.assert_close):"][:len(extra)]
     return dataclasses.replace(found, message="\n".join([found.message, *head, *extra]))
+
+
+def invalid_oracle(dtype: torch.dtype, diff: float | None = None, size: float = 0.0) -> str:
+    """Why the float64 oracle cannot judge a value (:func:`equiv.numerics.oracle_disagreement`),
+    with its numbers when ``diff`` is given."""
+    name = str(dtype).removeprefix("torch.")
+    by = "" if diff is None else f" by up to {diff:.3g} on values of size {size:.3g},"
+    return (f"the float64 reference is not a valid oracle for this example: the reference in "
+            f"{name} and in float64 differ{by} far beyond {name} rounding (it draws random "
+            f"numbers in its compute dtype, e.g. a dropout mask, or computes another function "
+            f"in float64); judged against the reference in {name}")
 
 
 def rounding_only(mismatches: list[Mismatch | None]) -> bool:
