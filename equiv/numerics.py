@@ -531,8 +531,9 @@ def check_vjp_fd(fn: Callable[..., Any], args: tuple, cotangent: Any, impl_grads
     finite = [None if g is None else torch.isfinite(g) for g in grads]
     bad = sum(int((~f).sum()) for f in finite if f is not None)
     grads = [None if g is None else torch.where(f, g, 0.0) for g, f in zip(grads, finite)]
-    sizes = [None if g is None else g.abs() if t is None else
-             torch.maximum(g.abs(), _to64(t).reshape(g.shape)) for g, t in zip(grads, t_flat)]
+    sizes = [None if g is None else g.abs() if t is None else torch.where(f, torch.maximum(
+             g.abs(), torch.nan_to_num(_to64(t).reshape(g.shape), nan=0.0, posinf=0.0)), 0.0)
+             for g, t, f in zip(grads, t_flat, finite)]
     d_rand = _unit([d if f is None else d * f for d, f in zip(d_rand, finite)])
     skipped = tuple(keystr(p) for (p, a), d in zip(
         tree_flatten_with_path(args, is_leaf=_is_none)[0], d_rand)
