@@ -365,13 +365,15 @@ ORACLE_INVALID_ULPS = 64.0
 
 
 def oracle_disagreement(oracle: torch.Tensor, baseline: torch.Tensor, dtype: torch.dtype,
-                        magnitude: torch.Tensor | None = None) -> tuple[float, float] | None:
+                        magnitude: torch.Tensor | None = None,
+                        example_size: float | None = None) -> tuple[float, float] | None:
     """``(max |baseline - oracle|, size)`` when the reference at ``dtype`` (the baseline) and in
     float64 (the oracle) differ far beyond ``dtype``'s rounding of the values (the larger of
     ``ORACLE_INVALID_SHARE`` x and ``ORACLE_INVALID_ULPS`` ULPs of ``size``, the largest finite
-    ``|oracle|``, ``|baseline|`` or ``magnitude`` of their terms), else None: then the oracle is
-    another function for this example and cannot judge it. Elements where either is inf/NaN are
-    left out."""
+    ``|oracle|``, ``|baseline|``, ``magnitude`` of their terms, or ``example_size``: the largest
+    value the example feeds the reference, the size cancellation rounds at), else None: then
+    the oracle is another function for this example and cannot judge it. Elements where either
+    is inf/NaN are left out."""
     o, b = _to64(oracle), _to64(baseline)
     if o.shape != b.shape or o.numel() == 0:
         return None
@@ -382,6 +384,8 @@ def oracle_disagreement(oracle: torch.Tensor, baseline: torch.Tensor, dtype: tor
     diff = float(torch.where(fin, (b - o).abs(), zero).max())
     size = max(float(torch.where(fin, o.abs(), zero).max()),
                float(torch.where(fin, b.abs(), zero).max()))
+    if example_size is not None and math.isfinite(example_size):
+        size = max(size, example_size)
     if magnitude is not None:
         m = _to64(magnitude)
         size = max(size, float(torch.nan_to_num(m, nan=0.0, posinf=0.0).max()) if m.numel()

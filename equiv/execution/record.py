@@ -635,9 +635,22 @@ class Execution:
         m = judge_leaf(name, actual, expected, rtol=self.spec.rtol, atol=self.spec.atol,
                        oracle=oracle, baseline=baseline, kind=kind, why=self.oracle_why,
                        device=self.device, terms=terms, cross=self.place.cross,
-                       magnitude=magnitude)
+                       magnitude=magnitude, example_size=lambda: self._example_size(kind))
         overlapping = group is not None and not group.simple
         return self._precision_difference(name, actual, m, overlapping)
+
+    def _example_size(self, kind: str) -> float:
+        """The largest finite ``|value|`` of the example's floating inputs and, for a gradient,
+        of its cotangents: what the reference's rounding is measured against where its result
+        cancels (a layer norm of a constant row is 0 in float64, and rounds at the inputs' size
+        at its dtype)."""
+        values = [g.values for g in self.template.groups if g.dtype.is_floating_point]
+        if kind != "outputs":
+            values += [c for cots in self.cotangents() for c in cots
+                       if isinstance(c, torch.Tensor) and c.dtype.is_floating_point]
+        sizes = [float(torch.nan_to_num(v.detach().abs().to(torch.float64), nan=0.0,
+                                        posinf=0.0).max()) for v in values if v.numel()]
+        return max(sizes, default=0.0)
 
     def _precision_difference(self, name: str, actual: Any, m: Mismatch | None,
                               overlapping: bool) -> Mismatch | None:

@@ -47,7 +47,8 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
                atol: float | None, oracle: Lazy = None, baseline: Lazy = None,
                kind: str = "outputs", why: Callable[[], str | None] = lambda: None,
                device: str = "cpu", terms: float = 1.0,
-               cross: bool = False, magnitude: Lazy = None) -> Mismatch | None:
+               cross: bool = False, magnitude: Lazy = None,
+               example_size: Lazy = None) -> Mismatch | None:
     """``actual`` against ``expected`` (see the module docstring). ``oracle``/``baseline``:
     the value in the oracle's run and in the baseline's (default: ``expected``), computed only
     when needed; ``why``: why there is no oracle, for a fallback's message; ``terms``: how many
@@ -55,7 +56,10 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
     reference was placed elsewhere (an inf/NaN only the baseline shares is an error);
     ``magnitude``: the size of the terms per element where ``|oracle|`` may understate it
     (summed terms, :func:`term_magnitude`, or a cancelling gradient's size for a random
-    cotangent)."""
+    cotangent); ``example_size``: the largest ``|value|`` the example feeds the reference (its
+    inputs, and a gradient's cotangents), below which a difference between the reference at
+    its dtype and in float64 is never evidence of an invalid oracle (cancellation rounds at
+    that size)."""
     if rtol is not None:
         return compare_leaf(actual, expected, rtol=rtol, atol=atol, path=name)
     m = compare_leaf(actual, expected, rtol=None, atol=None, path=name)
@@ -73,7 +77,7 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
         fallback = judge_numbers(actual, None, b, dtype=actual.dtype, path=name, why=reason)
         return fallback
     size = _get(magnitude)  # the size of the terms: the floor is taken there
-    invalid = oracle_disagreement(o, b, actual.dtype, size)
+    invalid = oracle_disagreement(o, b, actual.dtype, size, _get(example_size))
     if invalid is not None:  # the oracle is another function here: the reference's dtype judges
         found = judge_numbers(actual, None, b, dtype=actual.dtype, path=name,
                               why=invalid_oracle(actual.dtype, *invalid))
