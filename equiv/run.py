@@ -23,7 +23,7 @@ from equiv._catalog import ROWS
 from equiv.errors import GradientMismatch, InvalidArgument, error_text, user_error
 from equiv.modes import Mode, ModeRun, NotCompiled, device_unavailable, parse_mode
 from equiv._watchdog import ExampleTimeout, per_example
-from equiv.execution.calls import isolated
+from equiv.execution.calls import isolated, owned_process
 from equiv.execution.record import Placement
 from equiv.pipeline import Outcome, execute_example, narrowed, rows_for
 from equiv.report import Finding, ModeResult, Report
@@ -112,7 +112,8 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     cfg = _selection(spec, cfg, mode_objs)
     reference = _reference_placement(spec.reference_device or reference_device,
                                      spec.reference_dtype or reference_dtype)
-    with torch.inference_mode(False), isolated(config=True), torch.enable_grad():
+    with torch.inference_mode(False), isolated(config=True), torch.enable_grad(), \
+            owned_process():
         report = _check(spec, cfg, mode_objs, reference)
     if raise_on_failure and not report.findings and not report.ok:
         first = report.runs[0]
