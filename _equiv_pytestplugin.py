@@ -19,6 +19,7 @@ import pytest
 
 _STATE = pytest.StashKey["_State"]()
 _RESULT_PROPERTY = "equiv_result"
+_ITEM_PROPERTY = "equiv_item"
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -300,10 +301,25 @@ class _ReportHooks:
 
     def __init__(self, state: _State) -> None:
         self.state = state
+        self.started: dict[str, dict[str, Any]] = {}  # equiv items set up, not yet reported
 
     def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.when == "setup":  # what a crash row names, should the item's worker die
+            for name, value in getattr(report, "user_properties", ()):
+                if name == _ITEM_PROPERTY and isinstance(value, dict):
+                    self.started[report.nodeid] = value
+            return
+        if report.when == "???":  # xdist: the worker running this item crashed
+            item = self.started.pop(report.nodeid, None)
+            if item is not None:
+                from equiv.pytest import crash_row
+
+                message = str(getattr(report, "longrepr", "") or "the worker crashed")
+                self.state.results.append(dict(crash_row(item, message), nodeid=report.nodeid))
+            return
         if report.when != "call":  # every phase's report carries the item's user_properties
             return
+        self.started.pop(report.nodeid, None)
         for name, value in getattr(report, "user_properties", ()):
             if name == _RESULT_PROPERTY and isinstance(value, dict):
                 self.state.results.append(dict(value, nodeid=report.nodeid))

@@ -117,6 +117,20 @@ def mark_sides_dynamic(values: Any) -> None:
                     d.maybe_mark_dynamic(t, dim)
 
 
+def compile_disabled(fn: Any) -> bool:
+    """Whether ``fn`` is decorated with ``torch.compiler.disable`` (``torch.compile`` of it
+    directly would trace the undecorated function underneath)."""
+    return bool(getattr(fn, "_torchdynamo_disable", False))
+
+
+def graph_has_ops(gm: Any) -> bool:
+    """Whether an FX graph a backend receives runs anything (not only inputs to outputs)."""
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        return True
+    return any(n.op in ("call_function", "call_method", "call_module") for n in graph.nodes)
+
+
 def graph_break_counter() -> dict[str, int]:
     """Dynamo's running count of graph breaks by reason (not cleared by ``reset``)."""
     from torch._dynamo.utils import counters

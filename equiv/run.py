@@ -11,7 +11,7 @@ import hypothesis
 import torch
 from hypothesis import HealthCheck, Phase
 from hypothesis import strategies as st
-from hypothesis.errors import FlakyFailure, Unsatisfiable
+from hypothesis.errors import DeadlineExceeded, FlakyFailure, Unsatisfiable
 
 from equiv._args import as_args
 from equiv._catalog import CHECK_NAMES
@@ -22,7 +22,7 @@ from equiv.compare import dtype_tolerances
 from equiv._catalog import ROWS
 from equiv.errors import GradientMismatch, InvalidArgument, error_text, user_error
 from equiv.modes import Mode, ModeRun, NotCompiled, device_unavailable, parse_mode
-from equiv._watchdog import ExampleTimeout, per_example
+from equiv._watchdog import ExampleTimeout, deadline_timeout, per_example
 from equiv.execution.calls import isolated, owned_process
 from equiv.execution.record import Placement
 from equiv.pipeline import Outcome, execute_example, narrowed, rows_for
@@ -494,9 +494,11 @@ def _run_level(spec: Spec, mode: Mode, device: str, check: str, headline: str,
 
 def _timed_out(spec: Spec, mode: Mode, device: str, e: ExampleTimeout,
                ) -> tuple[list[Finding], list[str], ModeResult]:
+    limit = ("hypothesis_settings(deadline=...)" if "deadline" in str(e)
+             else "settings(timeout=...), --timeout")
     f = _run_level(spec, mode, device, "timeout",
-                   f"{spec.name} under {mode.name} on {device}: {e} (settings(timeout=...); it "
-                   "counts both sides, all checks and any compilation of that example).",
+                   f"{spec.name} under {mode.name} on {device}: {e} ({limit}; it counts both "
+                   "sides, all checks and any compilation of that example).",
                    "look for a hang or an unbounded loop, or raise the limit.")
     return [f], [], ModeResult(mode.name, device, "FAIL", reason=str(e))
 
@@ -512,6 +514,8 @@ def _drive(spec: Spec, mode: Mode, device: str, wrapped: Callable[[], None],
         found.append(e)
     except _Abort as e:
         raise e.error from None
+    except DeadlineExceeded as e:  # the user's Hypothesis deadline: a timeout, not a bug
+        raise deadline_timeout(e) from None
     except FlakyFailure as e:  # before BaseExceptionGroup: FlakyFailure is one
         findings.append(_flaky(spec, mode, device, e))
     except BaseExceptionGroup as group:  # several distinct bugs (one may be flaky)
@@ -523,6 +527,9 @@ def _drive(spec: Spec, mode: Mode, device: str, wrapped: Callable[[], None],
                      if isinstance(exc, FlakyFailure)]
         escaped = [exc for exc in group.exceptions
                    if not isinstance(exc, (_Found, FlakyFailure))]
+        for exc in escaped:
+            if isinstance(exc, DeadlineExceeded):
+                raise deadline_timeout(exc) from None
         if escaped:  # one error stops the spec, without equiv's signals around it
             raise _escaped(spec, escaped[0])
     except Unsatisfiable:
