@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import traceback
 import warnings
 from typing import Any, Callable
 
@@ -323,9 +324,26 @@ class _ModeDriver:
         self.run_seed, self.stats = run_seed, stats
         self.notes: list[str] = []
         self.last_invalid: list[str] = []
+        #: signals raised while Hypothesis searched and shrank: it keeps each in its cache of
+        #: results, so their frames (the example, the record) are cleared once it caught them
+        self.searching: list[tuple[_Found, Any]] = []
+
+    def release(self) -> None:
+        """Drop what the signals of past (non-final) examples hold: their example and the
+        locals of the frames their tracebacks reach (only plain findings stay)."""
+        for e, context in self.searching:
+            e.example = None
+            traceback.clear_frames(e.__traceback__)
+            # the frames' functions keep their closures, and so Hypothesis's context of that
+            # example, whose printers hold the drawn values (used only to print a final one)
+            printers = getattr(context, "known_object_printers", None)
+            if hasattr(printers, "clear"):
+                printers.clear()
+        self.searching.clear()
 
     def __call__(self, example: Any, cot_seed: int, variant: Variant = NO_VARIANT,
                  cotangent: CotangentVariant = CONTIGUOUS) -> None:
+        self.release()  # the previous example has finished: Hypothesis has caught its signal
         state = self.state
         if state.not_compiled is not None or state.unsupported is not None:
             return  # the mode stopped: nothing more is checked (reported, never a pass)
@@ -356,7 +374,12 @@ class _ModeDriver:
             self.stats["first_failure"] = self.stats["first_failure"] or self.stats["runs"]
             state.failing = True
             findings = self._described(outcome, variant, args)
-            raise _signal(findings[0].check)(findings, args, cot_seed, cotangent, costly)
+            signal = _signal(findings[0].check)(findings, args, cot_seed, cotangent, costly)
+            context = _build_context()
+            if context is not None and not getattr(context, "is_final", True):
+                self.searching.append((signal, context))
+            del outcome, args, example
+            raise signal
 
     def _costly(self, cot_seed: int) -> bool:
         """Whether the costly checks run on this example: the first valid example and every
@@ -400,7 +423,10 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
                             "(functionalize does not compose with autograd on mutated inputs)")
     wrapped = _hypothesis_test(spec, cfg, mode, device, run_seed, driver)
     with state.context(), compile_draws(mode.kind == "compile"):
-        found, findings = _drive(spec, mode, device, wrapped, driver.last_invalid)
+        try:
+            found, findings = _drive(spec, mode, device, wrapped, driver.last_invalid)
+        finally:
+            driver.release()
         # distinct bugs in catalog order (Hypothesis reports them in no fixed order)
         found.sort(key=lambda e: CHECK_NAMES.index(e.findings[0].check)
                    if e.findings[0].check in CHECK_NAMES else len(CHECK_NAMES))
@@ -471,6 +497,18 @@ def _unchecked(spec: Spec, cfg: Settings, mode: Mode, device: str, state: ModeRu
                            "NumPy), or declare equivalent_to(grads=False) if gradients are not "
                            "part of the contract.")]
     return []
+
+
+def _build_context() -> Any:
+    """Hypothesis's context of the running example (its ``is_final``: replaying a minimal
+    example to report it, whose signal then reaches the runner, rather than searching or
+    shrinking); None when there is none."""
+    try:
+        from hypothesis.control import current_build_context
+
+        return current_build_context()
+    except Exception:  # no build context, or Hypothesis renamed it: keep every signal whole
+        return None
 
 
 def _costly_note(cfg: Settings, mode: Mode, state: ModeRun) -> list[str]:
