@@ -1,6 +1,6 @@
 """Memory and time on the failure path: a failing run (found, shrunk, replayed, attributed)
 against a passing run of the same kernel, each in a fresh subprocess, peak RSS from
-``resource.getrusage`` (``ru_maxrss`` of each child's own) and the seconds ``check()`` took.
+``resource.getrusage`` (each child's own ``ru_maxrss``) and the seconds ``check()`` took.
 
     python bench/failure_memory.py [--sizes 1e7,5e7] [--examples 5]
 

@@ -20,7 +20,7 @@ from tests.conftest import FAST
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 MODULES = ("overhead", "growth", "versus", "first_failure", "strategies_bench", "recorder_bench",
-           "functions", "modes_bench", "walltime", "rows")
+           "functions", "modes_bench", "walltime", "rows", "failure_memory")
 
 
 @pytest.fixture(scope="module")

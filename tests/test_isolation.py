@@ -244,6 +244,38 @@ def test_pytest_equiv_timeout_ends_a_hang(tmp_path):
     assert "--equiv-timeout=1.5" in proc.stdout  # in the reproduce line
 
 
+# -- memory on the failure path ----------------------------------------------------------------
+def test_shrinking_keeps_no_copy_of_past_examples(tmp_path):
+    """While Hypothesis shrinks a failure, the examples it already ran are freed: at most one
+    drawn example is alive when the implementation runs (bench/failure_memory.py measures the
+    peak at 1e7 elements)."""
+    script = tmp_path / "probe.py"
+    script.write_text(HEAD + textwrap.dedent("""
+        import gc, weakref
+        DRAWN, ALIVE = [], []
+        def remember(args):
+            DRAWN.append(weakref.ref(args[0]))
+            return args
+        def ref(x): return x * 2 + 1
+        @equivalent_to(ref, inputs=vec().map(remember))
+        def kernel(x):
+            gc.collect()
+            ALIVE.append(sum(r() is not None for r in DRAWN))
+            return x * 2 + 1.001
+        report = equiv.check(kernel, modes=("eager",), seed=0, max_examples=20,
+                             raise_on_failure=False, settings=equiv.settings(
+                                 hypothesis_settings=hypothesis.settings(database=None)))
+        print("RESULT", report.ok, len(DRAWN), max(ALIVE))
+        """))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=600)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
+    assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
+    ok, drawn, alive = line[0].split()[1:]
+    assert ok == "False" and int(drawn) >= 3, line
+    assert int(alive) <= 1, line
+
+
 # -- compile honesty ----------------------------------------------------------------------------
 def test_a_compiler_disabled_implementation_is_not_compiled(tmp_path):
     proc, doc = equiv_check(tmp_path, """
