@@ -177,9 +177,17 @@ def test_the_environment_profile_may_be_one_a_target_registers(tmp_path):
 
 
 def test_pytest_reports_an_unknown_environment_profile_as_a_usage_error(tmp_path):
-    (tmp_path / "test_probe.py").write_text("def test_nothing():\n    pass\n")
+    (tmp_path / "specs_probe.py").write_text(HEAD + textwrap.dedent("""
+        def double(x): return x * 2
+        @equivalent_to(double, inputs=vec())
+        def fine(x): return x * 2
+        """))
+    (tmp_path / "test_probe.py").write_text(
+        "import specs_probe\nfrom equiv.pytest import tests_for\n"
+        "test_fine = tests_for(specs_probe.fine)\n")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", "test_probe.py"], cwd=tmp_path,
+                           "-p", "no:xdist", "test_probe.py", "--equiv-modes=eager"],
+                          cwd=tmp_path,
                           env=_env(EQUIV_PROFILE="nope"), capture_output=True, text=True,
                           timeout=300)
     text = proc.stdout + proc.stderr
