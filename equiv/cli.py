@@ -62,6 +62,16 @@ def _positive(value: str) -> int:
     return n
 
 
+def _seconds(value: str) -> float:
+    try:
+        n = float(value)
+    except ValueError:
+        n = 0.0
+    if not 0 < n < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: give a number of seconds > 0, e.g. 60")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="equiv", description="Prove fast, mutating PyTorch implementations equivalent to "
@@ -84,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
                         "else ci when $CI is set, else default)")
     p.add_argument("--max-examples", type=_positive, default=None, metavar="N",
                    help="Hypothesis examples per spec, mode and device")
+    p.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+                   help="per-example time limit: an example (both sides, all checks) running "
+                        "longer is a TIMEOUT (default: the profile's; ci: 300)")
     p.add_argument("--seed", type=int, default=None, metavar="N",
                    help="seed for every run (default: random, printed)")
     p.add_argument("--reference-dtype", default=None, metavar="DTYPE",
@@ -179,7 +192,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
         return EXIT_USAGE
 
     overrides: dict[str, Any] = {}
-    for name in ("modes", "devices", "max_examples"):
+    for name in ("modes", "devices", "max_examples", "timeout"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     try:
@@ -350,10 +363,13 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
     tasks = [(s, m, d) for s in specs for m, d in combinations(s, cfg)]
     results: list[Any] = []
     interrupted = False
+    pid = os.getpid()
     try:
         _run_tasks(tasks, results, args, err)
     except KeyboardInterrupt:  # show what finished, then stop with 130
         interrupted = True
+    if os.getpid() != pid:  # a process user code forked: only the one that started reports
+        os._exit(0)
     if not interrupted:
         results[:] = nothing_ran(results)
     _table(results, out)
@@ -484,4 +500,6 @@ def _reproduce(args: argparse.Namespace, cfg: Any) -> str:
              f"--max-examples={cfg.max_examples}"]
     if not cfg.derandomize:
         parts.append(f"--seed={cfg.seed}")
+    if args.timeout is not None:
+        parts.append(f"--timeout={args.timeout:g}")
     return " ".join(f"'{p}'" if any(c in p for c in "[] ()") else p for p in parts)

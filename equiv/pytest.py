@@ -87,6 +87,10 @@ class EquivItem(pytest.Item):
         super().__init__(**kw)
         self.spec, self.mode, self.device, self._state = spec, mode, device, state
         self.add_marker(pytest.mark.equiv)
+        # in every phase's report: the controller of xdist workers names a crashed item by it
+        self.user_properties.append(("equiv_item", {
+            "spec": spec.name, "implementation": spec.implementation,
+            "reference": spec.reference, "mode": str(mode), "device": device}))
 
     def runtest(self) -> None:
         __tracebackhide__ = True
@@ -240,6 +244,17 @@ def _collect_modules(session: Any, state: Any) -> Iterator[Any]:
         node = EquivModule.from_parent(session, name=target, nodeid=target, specs=specs,
                                        state=state)
         yield from node.collect()
+
+
+def crash_row(item: dict[str, Any], message: str) -> dict[str, Any]:
+    """The report row of an item whose process died while running it (a crashed xdist
+    worker: ``os._exit``, a segfault, a kill)."""
+    from equiv._results import Result
+
+    return Result(**item, verdict="error", reason=(
+        f"{message}: the process running this item died (os._exit, a segmentation fault, a "
+        "signal or the out-of-memory killer) before it finished, so nothing about it is "
+        "known; run it alone (pytest -p no:xdist) to see how it ends.")).to_dict()
 
 
 def _write_reports(state: Any, complete: bool = True) -> None:
