@@ -46,7 +46,8 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
                atol: float | None, oracle: Lazy = None, baseline: Lazy = None,
                kind: str = "outputs", why: Callable[[], str | None] = lambda: None,
                device: str = "cpu", terms: float = 1.0,
-               cross: bool = False, magnitude: Lazy = None) -> Mismatch | None:
+               cross: bool = False, magnitude: Lazy = None,
+               rounding: Lazy = None) -> Mismatch | None:
     """``actual`` against ``expected`` (see the module docstring). ``oracle``/``baseline``:
     the value in the oracle's run and in the baseline's (default: ``expected``), computed only
     when needed; ``why``: why there is no oracle, for a fallback's message; ``terms``: how many
@@ -54,13 +55,17 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
     reference was placed elsewhere (an inf/NaN only the baseline shares is an error);
     ``magnitude``: the size of the terms per element where ``|oracle|`` may understate it
     (summed terms, :func:`term_magnitude`, or a cancelling gradient's size for a random
-    cotangent)."""
+    cotangent); ``rounding``: how far rounding the reference's intermediates moves each element
+    (:func:`equiv.execution.rounding.rounding_spread`), taken only for a value the rule rejects
+    without it. A float16/bfloat16 output is always judged by the rule, without the per-dtype
+    default in its floor (:func:`half_output`)."""
     if rtol is not None:
         return compare_leaf(actual, expected, rtol=rtol, atol=atol, path=name)
     m = compare_leaf(actual, expected, rtol=None, atol=None, path=name)
-    if m is None or not _floating_pair(actual, expected):
+    if not _floating_pair(actual, expected):
         return m
-    if dtype_tolerance_overridden(actual.dtype) or \
+    half = half_output(actual, kind)
+    if (m is None and not half) or dtype_tolerance_overridden(actual.dtype) or \
             oracle_dtype(actual.dtype, device) == actual.dtype:
         return m
     b = _get(baseline)
@@ -68,19 +73,31 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
         b = expected
     o = _get(oracle)
     if not isinstance(o, torch.Tensor) or o.shape != actual.shape or o.dtype == actual.dtype:
+        if m is None:
+            return None
         reason = why() or "the float64 reference has no value to compare this one with"
-        fallback = judge_numbers(actual, None, b, dtype=actual.dtype, path=name, why=reason)
-        return fallback
+        return judge_numbers(actual, None, b, dtype=actual.dtype, path=name, why=reason)
     size = _get(magnitude)  # the size of the terms: the floor is taken there
     ulps = FLOOR_ULPS_DEFAULTS[kind] * (1.0 if size is not None else max(terms, 1.0) ** 0.5)
-    found = judge_numbers(actual, o, b, k=K_DEFAULTS[kind], floor_ulps=ulps, dtype=actual.dtype,
-                          path=name, baseline_nonfinite=not cross, magnitude=size)
+    options = dict(k=K_DEFAULTS[kind], floor_ulps=ulps, dtype=actual.dtype, path=name,
+                   baseline_nonfinite=not cross, magnitude=size, default_floor=not half)
+    found = judge_numbers(actual, o, b, **options)
+    spread = None if found is None else _get(rounding)
+    if isinstance(spread, torch.Tensor) and spread.shape == actual.shape:
+        found = judge_numbers(actual, o, b, rounding=spread, **options)
     if found is None:
         return None
     seen = set(found.message.splitlines())  # assert_close's lines, less those already given
-    extra = [ln for ln in m.message.splitlines() if ln not in seen]
+    extra = [] if m is None else [ln for ln in m.message.splitlines() if ln not in seen]
     head = ["against the per-dtype default tolerance (torch.testing.assert_close):"][:len(extra)]
     return dataclasses.replace(found, message="\n".join([found.message, *head, *extra]))
+
+
+def half_output(actual: torch.Tensor, kind: str) -> bool:
+    """A float16/bfloat16 output (or final value): judged by the baseline-relative rule with a
+    floor in ULPs only, since the per-dtype default (bfloat16: rtol 1.6e-2) accepts a kernel
+    that accumulates in the half dtype."""
+    return kind == "outputs" and actual.dtype in (torch.float16, torch.bfloat16)
 
 
 def rounding_only(mismatches: list[Mismatch | None]) -> bool:
