@@ -282,7 +282,12 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
         ulp_floor = torch.maximum(ulp_floor, floor_ulps * spread)
     rtol, atol = dtype_tolerance(dtype) if default_floor else (0.0, 0.0)
     floor = torch.maximum(atol + rtol * o_abs, ulp_floor)
-    allowed = k * (e_b or 0.0) + floor
+    if default_floor or baseline is None:
+        allowed = k * (e_b or 0.0) + floor
+    else:  # in ULPs at each element: k x the baseline's worst ULP distance (wide ranges)
+        b_ulps = float(torch.nan_to_num(_errors(baseline, oracle, None)[0] / ulp(o_abs, dtype),
+                                        nan=0.0, posinf=0.0).max())
+        allowed = k * b_ulps * ulp(scale, dtype) + floor
     bad = diff > allowed
     if not bool(bad.any()):
         return None
