@@ -619,7 +619,7 @@ class Execution:
     def judge(self, name: str, actual: Any, expected: Any, *, oracle: Any = None,
               baseline: Any = None, kind: str = "outputs", group: Any = None,
               cotangent: int | Callable[[], OracleVJP | None] | None = None,
-              rounding: Any = None) -> Mismatch | None:
+              rounding: Any = None, precision: bool = False) -> Mismatch | None:
         """Compare one value with the reference's ``expected`` the way every check does: the
         spec's ``rtol``/``atol`` when set, else the per-dtype default and, where that rejects a
         floating value, the baseline-relative rule against ``oracle`` (a tensor or a callable;
@@ -630,13 +630,14 @@ class Execution:
         2, the record's, or a callable returning a rerun's oracle (:meth:`rerun_oracle`);
         under the record's expanded, constant cotangent also at the size the gradient has
         for a random one); ``rounding``: a lazy :meth:`rounding_spread` for a value of the
-        record's own example (the forward's term-magnitude floor)."""
+        record's own example (the forward's term-magnitude floor); ``precision``: the value is
+        judged for precision (the forward check: float16/bfloat16 by the rule in ULPs)."""
         terms = 1.0 if group is None else summed_terms(self.template, group)
         magnitude = self._magnitude(cotangent, group, terms)
         m = judge_leaf(name, actual, expected, rtol=self.spec.rtol, atol=self.spec.atol,
                        oracle=oracle, baseline=baseline, kind=kind, why=self.oracle_why,
                        device=self.device, terms=terms, cross=self.place.cross,
-                       magnitude=magnitude, rounding=rounding)
+                       magnitude=magnitude, rounding=rounding, precision=precision)
         overlapping = group is not None and not group.simple
         return self._precision_difference(name, actual, m, overlapping)
 

@@ -47,7 +47,7 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
                kind: str = "outputs", why: Callable[[], str | None] = lambda: None,
                device: str = "cpu", terms: float = 1.0,
                cross: bool = False, magnitude: Lazy = None,
-               rounding: Lazy = None) -> Mismatch | None:
+               rounding: Lazy = None, precision: bool = False) -> Mismatch | None:
     """``actual`` against ``expected`` (see the module docstring). ``oracle``/``baseline``:
     the value in the oracle's run and in the baseline's (default: ``expected``), computed only
     when needed; ``why``: why there is no oracle, for a fallback's message; ``terms``: how many
@@ -57,14 +57,15 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
     (summed terms, :func:`term_magnitude`, or a cancelling gradient's size for a random
     cotangent); ``rounding``: how far rounding the reference's intermediates moves each element
     (:func:`equiv.execution.rounding.rounding_spread`), taken only for a value the rule rejects
-    without it. A float16/bfloat16 output is always judged by the rule, without the per-dtype
+    without it; ``precision``: the value is judged for precision (the forward check's outputs):
+    a float16/bfloat16 one is always judged by the rule, in ULPs and without the per-dtype
     default in its floor (:func:`half_output`)."""
     if rtol is not None:
         return compare_leaf(actual, expected, rtol=rtol, atol=atol, path=name)
     m = compare_leaf(actual, expected, rtol=None, atol=None, path=name)
     if not _floating_pair(actual, expected):
         return m
-    half = half_output(actual, kind)
+    half = precision and half_output(actual, kind)
     if (m is None and not half) or dtype_tolerance_overridden(actual.dtype) or \
             oracle_dtype(actual.dtype, device) == actual.dtype:
         return m
