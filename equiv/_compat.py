@@ -14,9 +14,19 @@ tree_flatten = pytree.tree_flatten
 tree_unflatten = pytree.tree_unflatten
 tree_flatten_with_path = pytree.tree_flatten_with_path
 keystr = pytree.keystr
+tree_map = pytree.tree_map
 
 
 # -- custom Functions and torch.library custom ops (equiv.checks.function) -------------------
+def decompositions() -> dict[Any, Any]:
+    """torch's table of aten decompositions (op overload -> Python function), or {}."""
+    try:
+        from torch._decomp import decomposition_table
+    except ImportError:  # pragma: no cover - torch without the decomposition table
+        return {}
+    return decomposition_table
+
+
 def custom_function_node_type() -> type:
     """The base class of the autograd nodes of Python ``autograd.Function``s (and of custom ops
     with ``register_autograd``, which torch implements with a generated Function)."""

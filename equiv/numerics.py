@@ -185,6 +185,8 @@ class NumericMismatch(Mismatch):
     why: str | None = None  # why the fallback rule was used
     #: elements where the baseline is inf or NaN and the oracle finite (left out of its error)
     baseline_overflow: int = 0
+    #: the rounding spread of the reference's intermediates at the worst element, when given
+    spread: float | None = None
 
     @property
     def rounding_level(self) -> bool:
@@ -248,15 +250,20 @@ def _ulp_stats(diff: torch.Tensor, oracle: torch.Tensor,
 def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Tensor | None, *,
           k: float = K_DEFAULTS["outputs"], floor_ulps: float = FLOOR_ULPS,
           dtype: torch.dtype | None = None, path: str = "", why: str | None = None,
-          baseline_nonfinite: bool = True,
-          magnitude: torch.Tensor | None = None) -> NumericMismatch | None:
+          baseline_nonfinite: bool = True, magnitude: torch.Tensor | None = None,
+          rounding: torch.Tensor | None = None,
+          default_floor: bool = True) -> NumericMismatch | None:
     """Judge one floating tensor. ``oracle`` None: fall back to the per-dtype default
     tolerance against ``baseline`` (``why`` says why, for the message). ``dtype``: the
     implementation's (default ``actual.dtype``); shapes must agree (compare structure first).
     ``baseline_nonfinite=False``: an inf/NaN the baseline shares is still an error (the
     caller asked for the float64 answer, e.g. ``reference_dtype=torch.float64``).
     ``magnitude``: per element, the size of the terms the value sums (``sum |term|``; the ULP
-    floor is taken there when it exceeds ``|oracle|``: cancellation keeps the terms' rounding)."""
+    floor is taken there when it exceeds ``|oracle|``: cancellation keeps the terms' rounding).
+    ``rounding``: per element, how far rounding the reference's intermediates moves the value
+    (absolute, e.g. :func:`equiv.execution.rounding.rounding_spread`); ``floor_ulps`` times it
+    is part of the floor. ``default_floor=False``: the per-dtype default tolerance is not part of
+    the floor (float16/bfloat16 outputs: the ULPs and the baseline decide)."""
     dtype = dtype or actual.dtype
     if oracle is None:
         return _fallback(actual, baseline, dtype=dtype, path=path, why=why)
@@ -270,9 +277,17 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
     scale = o_abs if magnitude is None else torch.maximum(o_abs, _to64(magnitude).reshape(
         o_abs.shape))
     ulp_floor = floor_ulps * ulp(scale, dtype)
-    rtol, atol = dtype_tolerance(dtype)
+    spread = None if rounding is None else _to64(rounding).reshape(o_abs.shape)
+    if spread is not None:
+        ulp_floor = torch.maximum(ulp_floor, floor_ulps * spread)
+    rtol, atol = dtype_tolerance(dtype) if default_floor else (0.0, 0.0)
     floor = torch.maximum(atol + rtol * o_abs, ulp_floor)
-    allowed = k * (e_b or 0.0) + floor
+    if default_floor or baseline is None:
+        allowed = k * (e_b or 0.0) + floor
+    else:  # in ULPs at each element: k x the baseline's worst ULP distance (wide ranges)
+        b_ulps = float(torch.nan_to_num(_errors(baseline, oracle, None)[0] / ulp(o_abs, dtype),
+                                        nan=0.0, posinf=0.0).max())
+        allowed = k * b_ulps * ulp(scale, dtype) + floor
     bad = diff > allowed
     if not bool(bad.any()):
         return None
@@ -289,7 +304,8 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
         floor=float(ulp_floor.reshape(-1)[flat]),
         floor_ulps=floor_ulps, floor_at=float(floor.reshape(-1)[flat]), ulp_max=u_max,
         baseline_ulp_max=b_ulp, ulp_p99=u_p99, elements=diff.numel(),
-        mismatched=int(bad.sum()), baseline_overflow=overflow)
+        mismatched=int(bad.sum()), baseline_overflow=overflow,
+        spread=None if spread is None else float(spread.reshape(-1)[flat]))
     return dataclasses.replace(m, message=describe(m))
 
 
@@ -315,6 +331,10 @@ def describe(m: NumericMismatch) -> str:
     at = f" at index {m.index}" if m.index is not None else ""
     floor = (f"{m.floor_ulps:.3g} ulp" if m.floor_at is None or m.floor is None
              or m.floor_at <= m.floor else f"the {m.dtype} default tolerance {m.floor_at:.2g}")
+    if m.spread is not None and m.floor is not None and m.floor_ulps and \
+            m.floor <= m.floor_ulps * m.spread and (m.floor_at or 0.0) <= m.floor:
+        floor = (f"{m.floor_ulps:.3g}x the rounding spread of the reference's intermediates "
+                 f"{m.spread:.2g}")
     lines = [
         f"implementation max error {m.impl_error:.3g} vs {oracle_name(m.dtype)}, "
         f"{_own_error(m)}, allowed {m.k:g}x + {floor} = {m.allowed:.3g}{at}",

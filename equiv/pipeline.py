@@ -42,7 +42,9 @@ from equiv.checks import (
 from equiv.errors import EquivError, InternalError, error_text
 from equiv.examples import Template
 from equiv.execution.calls import isolated, leaves
-from equiv.execution.record import Placement, Sink, check_mutated, execute
+from equiv.execution.record import Execution, Placement, Sink, check_mutated, execute
+from equiv.execution.suspect import FIX as SUSPECT_FIX
+from equiv.execution.suspect import reference_suspect
 from equiv.execution.transforms import Unsupported, jvp_run, vmap_runs
 from equiv.modes import ModeRun
 from equiv.report import Finding
@@ -184,6 +186,28 @@ def _run_checks(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
     _run_rows(cfg, ex, sink, kind)
     for note in getattr(ex, "cache", {}).pop("precision-notes", ()):
         sink.note(note)
+    if isinstance(ex, Execution) and ex.valid:
+        _name_the_suspect(ex, sink)
+
+
+#: the checks whose findings compare the implementation's values with the reference's
+_AGAINST_REFERENCE = ("forward", "mutation", "gradients", "repeated-backward",
+                      "needs-input-grad", "double-backward", "schedule")
+
+
+def _name_the_suspect(ex: Execution, sink: Sink) -> None:
+    """Findings comparing values with a reference that is itself the suspect (it returns other
+    values for equal inputs, or depends on its arguments' layout) say so, in place of a likely
+    cause about the implementation (a stale saved value, "save a clone")."""
+    at = [i for i, f in enumerate(sink.findings) if f.check in _AGAINST_REFERENCE]
+    if not at:
+        return
+    line = reference_suspect(ex)
+    if line is None:
+        return
+    for i in at:
+        sink.findings[i] = dataclasses.replace(sink.findings[i], likely_cause=line,
+                                               fix=SUSPECT_FIX)
 
 
 def _run_rows(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:

@@ -644,10 +644,18 @@ def _flaky(spec: Spec, mode: Mode, device: str, e: FlakyFailure) -> Finding:
         spec=spec.name, implementation=spec.implementation, reference=spec.reference,
         mode=mode.name, device=device,
         details="\n".join(["on its first run the example gave:"]
-                          + [f"  {f.kind}: {f.headline}" for f in first]) if first
-        else str(e)[:500],
+                          + [f"  {f.kind}: {f.headline}" for f in first]
+                          + _suspects(first)) if first else str(e)[:500],
         example=first[0].example if first else "",
         reproduce=first[0].reproduce if first else "")
+
+
+def _suspects(findings: list[Finding]) -> list[str]:
+    """The first run's lines naming the reference as the suspect (it returned other values for
+    equal inputs: what makes a replay pass), once each."""
+    lines = {f.likely_cause for f in findings
+             if (f.likely_cause or "").startswith("the reference is the suspect")}
+    return [f"  likely cause: {line}" for line in sorted(lines)]
 
 
 def _not_compiled(spec: Spec, mode: Mode, device: str, why: str) -> Finding:

@@ -19,6 +19,7 @@ from equiv.execution.calls import leaves as leaves_of
 from equiv.execution.calls import vjp
 from equiv.execution.graph import builtin_only, function_nodes
 from equiv.execution.runs import ImplRun, impl_run
+from equiv.execution.rounding import rounding_spread
 from equiv.execution.verdict import (
     FD_MAX_ELEMENTS,
     OracleVJP,
@@ -627,8 +628,8 @@ class Execution:
 
     def judge(self, name: str, actual: Any, expected: Any, *, oracle: Any = None,
               baseline: Any = None, kind: str = "outputs", group: Any = None,
-              cotangent: int | Callable[[], OracleVJP | None] | None = None
-              ) -> Mismatch | None:
+              cotangent: int | Callable[[], OracleVJP | None] | None = None,
+              rounding: Any = None, precision: bool = False) -> Mismatch | None:
         """Compare one value with the reference's ``expected`` the way every check does: the
         spec's ``rtol``/``atol`` when set, else the per-dtype default and, where that rejects a
         floating value, the baseline-relative rule against ``oracle`` (a tensor or a callable;
@@ -638,13 +639,16 @@ class Execution:
         of the terms when ``cotangent`` names the cotangent the gradient was taken for: 1 or
         2, the record's, or a callable returning a rerun's oracle (:meth:`rerun_oracle`);
         under the record's expanded, constant cotangent also at the size the gradient has
-        for a random one)."""
+        for a random one); ``rounding``: a lazy :meth:`rounding_spread` for a value of the
+        record's own example (the forward's term-magnitude floor); ``precision``: the value is
+        judged for precision (the forward check: float16/bfloat16 by the rule in ULPs)."""
         terms = 1.0 if group is None else summed_terms(self.template, group)
         magnitude = self._magnitude(cotangent, group, terms)
         m = judge_leaf(name, actual, expected, rtol=self.spec.rtol, atol=self.spec.atol,
                        oracle=oracle, baseline=baseline, kind=kind, why=self.oracle_why,
                        device=self.device, terms=terms, cross=self.place.cross,
-                       magnitude=magnitude, example_size=lambda: self._example_size(kind))
+                       magnitude=magnitude, example_size=lambda: self._example_size(kind),
+                       rounding=rounding, precision=precision)
         overlapping = group is not None and not group.simple
         return self._precision_difference(name, actual, m, overlapping)
 
@@ -717,6 +721,24 @@ class Execution:
         """``sum |term|`` of the oracle's gradient for cotangent ``n`` per storage element of
         an overlapping ``group`` (:meth:`OracleVJP.terms`)."""
         return _sized(self.oracle_vjp(n), lambda v: v.terms(group))
+
+    def rounding_spread(self, name: str) -> torch.Tensor | None:
+        """How far rounding the reference's intermediates at float32's precision moves the
+        value ``name`` (a pairing name), per element: :func:`~equiv.execution.rounding.
+        rounding_spread` over fresh float64 copies of the example (four reference calls, cached,
+        only for a value the rule rejects without it). None when unknown."""
+        if "rounding" not in self.cache:
+            run, device = self.oracle(), self.place.ref_device or self.place.device
+            dtype = oracle_dtype(torch.float32, device)
+
+            def again() -> dict[str, Any] | None:
+                side = self.template.instantiate(grad=False, device=device, dtype=dtype)
+                rerun = reference_run(self.spec, self.ref_fn, side)
+                return None if rerun.why is not None else rerun.values
+
+            self.cache["rounding"] = {} if run.why is not None or dtype != torch.float64 \
+                else rounding_spread(again, run.values, self.cot_seed)
+        return self.cache["rounding"].get(name)
 
     def oracle_why(self) -> str | None:
         """Why the oracle cannot be used (the reference raised in float64), else None."""

@@ -48,7 +48,8 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
                kind: str = "outputs", why: Callable[[], str | None] = lambda: None,
                device: str = "cpu", terms: float = 1.0,
                cross: bool = False, magnitude: Lazy = None,
-               example_size: Lazy = None) -> Mismatch | None:
+               example_size: Lazy = None, rounding: Lazy = None,
+               precision: bool = False) -> Mismatch | None:
     """``actual`` against ``expected`` (see the module docstring). ``oracle``/``baseline``:
     the value in the oracle's run and in the baseline's (default: ``expected``), computed only
     when needed; ``why``: why there is no oracle, for a fallback's message; ``terms``: how many
@@ -59,13 +60,18 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
     cotangent); ``example_size``: the largest ``|value|`` the example feeds the reference (its
     inputs, and a gradient's cotangents), below which a difference between the reference at
     its dtype and in float64 is never evidence of an invalid oracle (cancellation rounds at
-    that size)."""
+    that size); ``rounding``: how far rounding the reference's intermediates moves each element
+    (:func:`equiv.execution.rounding.rounding_spread`), taken only for a value the rule rejects
+    without it; ``precision``: the value is judged for precision (the forward check's outputs):
+    a float16/bfloat16 one is always judged by the rule, in ULPs and without the per-dtype
+    default in its floor (:func:`half_output`)."""
     if rtol is not None:
         return compare_leaf(actual, expected, rtol=rtol, atol=atol, path=name)
     m = compare_leaf(actual, expected, rtol=None, atol=None, path=name)
-    if m is None or not _floating_pair(actual, expected):
+    if not _floating_pair(actual, expected):
         return m
-    if dtype_tolerance_overridden(actual.dtype) or \
+    half = precision and half_output(actual, kind)
+    if (m is None and not half) or dtype_tolerance_overridden(actual.dtype) or \
             oracle_dtype(actual.dtype, device) == actual.dtype:
         return m
     b = _get(baseline)
@@ -73,9 +79,10 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
         b = expected
     o = _get(oracle)
     if not isinstance(o, torch.Tensor) or o.shape != actual.shape or o.dtype == actual.dtype:
+        if m is None:
+            return None
         reason = why() or "the float64 reference has no value to compare this one with"
-        fallback = judge_numbers(actual, None, b, dtype=actual.dtype, path=name, why=reason)
-        return fallback
+        return judge_numbers(actual, None, b, dtype=actual.dtype, path=name, why=reason)
     size = _get(magnitude)  # the size of the terms: the floor is taken there
     invalid = oracle_disagreement(o, b, actual.dtype, size, _get(example_size))
     if invalid is not None:  # the oracle is another function here: the reference's dtype judges
@@ -84,12 +91,16 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
         return found if found is None else dataclasses.replace(
             found, why=invalid_oracle(actual.dtype))
     ulps = FLOOR_ULPS_DEFAULTS[kind] * (1.0 if size is not None else max(terms, 1.0) ** 0.5)
-    found = judge_numbers(actual, o, b, k=K_DEFAULTS[kind], floor_ulps=ulps, dtype=actual.dtype,
-                          path=name, baseline_nonfinite=not cross, magnitude=size)
+    options = dict(k=K_DEFAULTS[kind], floor_ulps=ulps, dtype=actual.dtype, path=name,
+                   baseline_nonfinite=not cross, magnitude=size, default_floor=not half)
+    found = judge_numbers(actual, o, b, **options)
+    spread = None if found is None else _get(rounding)
+    if isinstance(spread, torch.Tensor) and spread.shape == actual.shape:
+        found = judge_numbers(actual, o, b, rounding=spread, **options)
     if found is None:
         return None
     seen = set(found.message.splitlines())  # assert_close's lines, less those already given
-    extra = [ln for ln in m.message.splitlines() if ln not in seen]
+    extra = [] if m is None else [ln for ln in m.message.splitlines() if ln not in seen]
     head = ["against the per-dtype default tolerance (torch.testing.assert_close):"][:len(extra)]
     return dataclasses.replace(found, message="\n".join([found.message, *head, *extra]))
 
@@ -103,6 +114,13 @@ def invalid_oracle(dtype: torch.dtype, diff: float | None = None, size: float = 
             f"{name} and in float64 differ{by} far beyond {name} rounding (it draws random "
             f"numbers in its compute dtype, e.g. a dropout mask, or computes another function "
             f"in float64); judged against the reference in {name}")
+
+
+def half_output(actual: torch.Tensor, kind: str) -> bool:
+    """A float16/bfloat16 output (or final value): judged by the baseline-relative rule with a
+    floor in ULPs only, since the per-dtype default (bfloat16: rtol 1.6e-2) accepts a kernel
+    that accumulates in the half dtype."""
+    return kind == "outputs" and actual.dtype in (torch.float16, torch.bfloat16)
 
 
 def rounding_only(mismatches: list[Mismatch | None]) -> bool:

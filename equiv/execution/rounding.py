@@ -1,0 +1,128 @@
+"""The forward's term-magnitude floor: how far rounding of the reference's intermediates can move
+each output, estimated by running the reference in float64 with every arithmetic op's result
+perturbed by a random relative error of the compute precision's size (Monte Carlo arithmetic).
+
+A correct kernel that computes ``x - mean(x)`` with ``|x| >> |x - mean|`` keeps the rounding of
+``x`` and of the mean, although the result is small: ``|oracle|`` understates the size of the
+terms that cancel. Perturbing each intermediate (the mean included) by ``eps * |value|`` shows
+that size where the float64 run alone cannot (a group of one element cancels exactly). Views,
+copies, selections and comparisons round nothing and are left alone; a fused aten kernel with a
+decomposition in torch (``native_group_norm``, ``native_layer_norm``...) runs as its
+decomposition, so its intermediates are perturbed too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from equiv._compat import TorchDispatchMode, decompositions, tree_map
+
+#: the relative size of each simulated rounding: float32's eps (twice its unit roundoff). A
+#: float16/bfloat16 kernel computes in float32 and rounds its result once (the ULP floor)
+COMPUTE_EPS = torch.finfo(torch.float32).eps
+#: perturbed runs of the reference whose differences are averaged (root mean square)
+PROBES = 3
+
+#: aten ops whose results are exact (no rounding): moving, selecting, comparing, creating
+_EXACT = frozenset((
+    "clone", "copy", "copy_", "_to_copy", "to", "detach", "alias", "lift_fresh", "cat", "stack",
+    "index", "index_select", "gather", "scatter", "select_scatter", "slice_scatter", "where",
+    "masked_fill", "masked_fill_", "neg", "abs", "max", "min", "amax", "amin", "maximum",
+    "minimum", "clamp", "clamp_min", "clamp_max", "relu", "sort", "topk", "zeros", "ones",
+    "full", "empty", "empty_like", "zeros_like", "ones_like", "full_like", "fill", "fill_",
+    "zero_", "new_zeros", "new_empty", "new_ones", "new_full", "empty_strided", "scalar_tensor",
+    "constant_pad_nd", "flip", "roll", "repeat", "sign", "sgn", "floor", "ceil", "round",
+    "trunc", "eq", "ne", "lt", "gt", "le", "ge", "argmax", "argmin", "nonzero", "arange",
+    "_unsafe_view", "view", "reshape", "expand", "permute", "t", "transpose", "squeeze",
+    "unsqueeze", "select", "slice", "as_strided", "unbind", "split", "chunk", "narrow",
+    "contiguous", "index_put", "index_put_", "_local_scalar_dense", "item", "resize_",
+    "set_", "isnan", "isinf", "isfinite", "logical_and", "logical_or", "logical_not", "bitwise_and",
+    "bitwise_or", "bitwise_not", "native_dropout", "bernoulli", "bernoulli_", "rand",
+    "randn", "randint", "rand_like", "randn_like", "normal", "normal_", "uniform_",
+))
+
+
+class _Perturbed(TorchDispatchMode):
+    """Every floating result of an arithmetic op multiplied by ``1 + rel * r``, ``r`` uniform in
+    ``[-1, 1]`` per element, drawn from ``gen`` (``rel == 0``: the same run, unperturbed)."""
+
+    def __init__(self, rel: float, gen: torch.Generator) -> None:
+        super().__init__()
+        self.rel, self.gen = rel, gen
+        self.table, self.inside = decompositions(), set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name in _EXACT or getattr(func, "is_view", False):
+            return func(*args, **kwargs)
+        mutable = func._schema.is_mutable
+        if not mutable and func in self.table and func not in self.inside:
+            out = self._decomposed(func, args, kwargs)  # a fused kernel's own intermediates
+            if out is not NotImplemented:
+                return out
+        out = func(*args, **kwargs)
+        if self.rel == 0:
+            return out
+        if mutable:  # in place or out=: the written tensor holds the result
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if _floating(t):
+                    t.mul_(self._factor(t))
+            return out
+        return tree_map(lambda t: t * self._factor(t) if _floating(t) else t, out)
+
+    def _decomposed(self, func: Any, args: Any, kwargs: Any) -> Any:
+        self.inside.add(func)
+        try:
+            with self:
+                return self.table[func](*args, **kwargs)
+        finally:
+            self.inside.discard(func)
+
+    def _factor(self, t: torch.Tensor) -> torch.Tensor:
+        r = torch.rand(t.shape, generator=self.gen, dtype=torch.float64) * 2 - 1
+        return (1 + self.rel * r).to(device=t.device, dtype=t.dtype)
+
+
+def _same(a: torch.Tensor, b: Any) -> bool:
+    """Equal up to float64 rounding (a decomposed kernel sums in another order)."""
+    if not (isinstance(b, torch.Tensor) and a.shape == b.shape):
+        return False
+    a, b = (torch.nan_to_num(t.detach().to("cpu", torch.float64)) for t in (a, b))
+    return bool(((a - b).abs() <= 1e-9 * (b.abs().max() + a.abs().max())).all())
+
+
+def _floating(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.numel() > 0
+
+
+def rounding_spread(run: Callable[[], dict[str, Any] | None], oracle: dict[str, Any], seed: int,
+                    rel: float = COMPUTE_EPS, probes: int = PROBES) -> dict[str, torch.Tensor]:
+    """Per compared value (by name), the root mean square over ``probes`` runs of how far
+    perturbing every intermediate by ``rel`` moves it (float64, absolute). ``run()`` calls the
+    reference once on a fresh float64 copy and returns its values by name (None: it raised);
+    ``oracle``: the oracle's values. Empty when the reference is not repeatable (its
+    unperturbed rerun under the probe differs from ``oracle``: random draws, stale memory)
+    or computes outside torch's dispatcher (NumPy: nothing to perturb)."""
+    gen = torch.Generator().manual_seed(seed)
+    with _Perturbed(0.0, gen):
+        base = run()
+    if not base or not all(_same(b, oracle.get(n)) for n, b in base.items() if _floating(b)):
+        return {}
+    squares: dict[str, torch.Tensor] = {}
+    for _ in range(probes):
+        with _Perturbed(rel, gen):
+            moved = run()
+        if not moved:
+            return {}
+        for name, b in base.items():
+            m = moved.get(name)
+            if not (_floating(b) and isinstance(m, torch.Tensor) and m.shape == b.shape):
+                continue
+            d = (m.detach().to("cpu", torch.float64) - b.detach().to("cpu", torch.float64))
+            d = torch.nan_to_num(d, nan=0.0, posinf=0.0, neginf=0.0) ** 2
+            squares[name] = squares[name] + d if name in squares else d
+    return {n: (s / probes).sqrt() for n, s in squares.items()}
