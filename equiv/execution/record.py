@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -790,30 +790,72 @@ class Execution:
             self.cache["shuffled-call"] = (side, *self.call("impl", side))
         return self.cache["shuffled-call"]
 
-    def call_again_after_update(self) -> tuple["ContractRun", "ContractRun"] | None:
-        """Call the implementation, write new values into the same tensors in place (``copy_``
-        under ``torch.no_grad()``, as an optimizer step does), call it again: (the second run,
-        the implementation's run on fresh tensors holding the new values); None when a call
-        raised."""
+    def calls_across_updates(self) -> Iterator["UpdatedCall"]:
+        """Call the implementation, then on the same tensors write other values through each
+        of :data:`UPDATE_PATHS` in turn (under ``torch.no_grad()``; the values alternate
+        between every storage reversed and the example's own) and call it again. Yields one
+        :class:`UpdatedCall` per path, lazily (a caller that stops early saves the calls);
+        nothing more once a call raises or an update cannot be written."""
         fresh, fresh_result, fresh_exc = self.shuffled_call()  # what it gives on new tensors
         if fresh_exc is not None:
-            return None
+            return
         side = self.side()
         _, exc = self.call("impl", side)
         if exc is not None:
-            return None
-        new = self.side(shuffled=True, grad=False)
-        try:
-            with torch.no_grad():
-                for t, v in zip(side.tensors, new.tensors):
-                    t.copy_(v)
-        except RuntimeError:  # an expanded (self-overlapping) argument cannot be written
-            return None
-        before = side.versions()
-        result, exc = self.call("impl", side)
-        if exc is not None:
-            return None
-        return ContractRun(side, result, None, before), ContractRun(fresh, fresh_result, None, [])
+            return
+        for k, how in enumerate(UPDATE_PATHS):
+            shuffled = k % 2 == 0
+            try:
+                _update(side, self.side(shuffled=shuffled, grad=False), how)
+            except RuntimeError:  # an expanded (self-overlapping) argument cannot be written
+                return
+            before = side.versions()
+            result, exc = self.call("impl", side)
+            if exc is not None:
+                return
+            if shuffled:
+                expected = fresh_result
+                finals = {a: fresh.argument(a) for a in self.spec.mutates}
+            else:
+                expected, finals = self.expected, self.finals
+            yield UpdatedCall(how, ContractRun(side, result, None, before), expected, finals,
+                              shuffled)
+
+
+#: how training loops write new weights into the tensors they pass, in the order tried:
+#: an optimizer step (``p.copy_(new)``, version bumped), a write through ``.data`` (EMA swaps,
+#: weight reloads: same storage, version not bumped), a new tensor assigned to ``.data`` (new
+#: storage, same tensor object; a view into a larger storage gets its values through
+#: ``.data.copy_`` instead)
+UPDATE_PATHS = ("copy_", ".data.copy_", ".data =")
+
+
+def _update(side: Side, new: Side, how: str) -> None:
+    """Write ``new``'s values into ``side``'s tensors the way ``how`` (one of
+    :data:`UPDATE_PATHS`) does."""
+    template = side.template
+    with torch.no_grad():
+        for g in template.groups:
+            if how == ".data =" and g.simple:  # every slot of a simple group is one tensor
+                side.tensors[g.slots[0]].data = new.tensors[g.slots[0]].detach()
+                continue
+            for j in g.slots:
+                t, v = side.tensors[j], new.tensors[j]
+                (t.copy_ if how == "copy_" else t.data.copy_)(v)
+
+
+@dataclasses.dataclass
+class UpdatedCall:
+    """A call of the implementation after its tensors were updated through ``how`` (one of
+    :data:`UPDATE_PATHS`), and what it must give: ``expected`` outputs and ``finals`` of mutated
+    arguments (``shuffled``: for the reversed values, from a call on fresh tensors; else the
+    reference's for the example)."""
+
+    how: str
+    run: "ContractRun"
+    expected: Any
+    finals: dict[str, Any]
+    shuffled: bool
 
 
 @dataclasses.dataclass
