@@ -1097,10 +1097,40 @@ def kink_cause(ex: Execution, group: Any, m: Any) -> str | None:
     where = ex.template.slots[group.slots[0]].path + (
         f"[{', '.join(map(str, index))}]" if index else "")
     value = float(tensor.detach().reshape(-1)[flat])
-    return (f"{where} = {value:g} is a point where the reference is not differentiable (its "
-            "output or gradient jumps there): the two sides pick different one-sided "
+    ties = _tied_with(ex, side, values, k, tuple(index))
+    tie = (f" and ties {' and '.join(ties)} (equal values in two arguments; moving the tied "
+           "value changes the reference's gradient)") if ties else ""
+    return (f"{where} = {value:g}{tie} is a point where the reference is not differentiable "
+            "(its output or gradient jumps there): the two sides pick different one-sided "
             "derivatives (subgradients). If either is acceptable, keep the inputs away from it "
             "(inputs=...) or use the reference's convention.")
+
+
+def _tied_with(ex: Execution, side: Side, values: list[Any], k: int,
+               index: tuple[int, ...]) -> list[str]:
+    """The elements of other arguments (``lo[0]``) that broadcasting aligns with element
+    ``index`` of the argument at position ``k`` of ``values``, hold the same value, and where
+    the reference is not smooth (the probe moves that element alone)."""
+    tensor = values[k]
+    value = tensor.detach()[index]
+    out = []
+    for k2, u in enumerate(values):
+        if (k2 == k or not isinstance(u, torch.Tensor) or u.dtype != tensor.dtype
+                or u.dim() > tensor.dim()):
+            continue
+        off = tensor.dim() - u.dim()
+        if any(d not in (1, tensor.shape[i + off]) for i, d in enumerate(u.shape)):
+            continue
+        at = tuple(0 if d == 1 else index[i + off] for i, d in enumerate(u.shape))
+        if not bool(u.detach()[at] == value):
+            continue
+        flat = sum(i * st for i, st in zip(at, u.contiguous().stride()))
+        if smooth_at(ex.spec.ref, side.bound.args, dict(side.bound.kwargs), {k2: [flat]}):
+            continue
+        j = next((i for i, t in enumerate(side.tensors) if t is u), None)
+        name = ex.template.slots[j].path if j is not None else f"argument {k2}"
+        out.append(name + (f"[{', '.join(map(str, at))}]" if at else ""))
+    return out
 
 
 def name_cotangent(ex: Execution, sink: Sink, first: int) -> None:
