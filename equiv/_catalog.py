@@ -83,7 +83,8 @@ CATALOG: tuple[CheckRow, ...] = (
     CheckRow("output-stability", OutputMismatch, "output_stability", _RECORDED, "valid",
              "returned outputs unchanged by backward and by a second call", costly=True),
     CheckRow("state-across-calls", OutputMismatch, "state_across_calls", ("eager",), "clean",
-             "a second call after the same tensors were updated in place matches the reference",
+             "a call after the same tensors were updated (in place, through .data.copy_, by "
+             "assigning .data) matches the reference",
              costly=True),
     CheckRow("schedule", ScheduleMismatch, "schedule", ("eager",), "clean",
              "hazardous schedules raise or match the reference at forward-time values",

@@ -283,7 +283,7 @@ def _hypothesis_test(spec: Spec, cfg: Settings, mode: Mode, device: str, run_see
     # an expanded in-place input, and new strides/aliasing recompile compiled modes
     kinds = spec.variants if mode.kind == "eager" else ()
     drawn = with_variants(_inputs(spec, cfg, mode), spec.signature, spec.mutates, kinds,
-                          roles_of(spec))
+                          roles_of(spec), reference=spec.ref)
     if spec.error_inputs is not None:  # one example in four from error_inputs=
         errors = spec.error_inputs.map(lambda e: (ErrorArgs.of(e), NO_VARIANT))
         drawn = st.integers(0, 3).flatmap(lambda k: errors if k == 0 else drawn)

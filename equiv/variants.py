@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from hypothesis import strategies as st
@@ -48,6 +48,7 @@ from equiv._options import DEFAULT_VARIANTS, VARIANT_KINDS, validate_variants
 from equiv.numerics import round_to
 from equiv.roles import Roles
 from equiv.strategies import DERIVED_NOTE, layouts
+from equiv.strategies._derived import cross_ties, smooth_at
 from equiv.strategies._layouts import _gap_value
 
 __all__ = ["DEFAULT_VARIANTS", "VARIANT_KINDS", "NO_VARIANT", "Variant", "excused",
@@ -94,10 +95,13 @@ def _tensor_arguments(signature: inspect.Signature, args: Any) -> tuple[Any, lis
 
 def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
                   mutated: Iterable[str], kinds: tuple[str, ...],
-                  roles: Roles | None = None) -> st.SearchStrategy:
+                  roles: Roles | None = None,
+                  reference: Callable[..., Any] | None = None) -> st.SearchStrategy:
     """Pairs (example, Variant): the drawn example, possibly re-laid out or aliased. ``roles``
     (:mod:`equiv.roles`): derived constants do not require grad, per-argument variant kinds,
-    and constants are never aliased with an argument that requires grad."""
+    and constants are never aliased with an argument that requires grad. An alias variant that
+    makes two arguments tie (equal values at aligned positions: the same tensor in two slots, a
+    shared element) where ``reference`` is not smooth is not used."""
     mutated = frozenset(mutated)
     settle = roles.settle if roles is not None else (lambda ex: ex)
     if not kinds:
@@ -120,6 +124,8 @@ def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
         choice = table[draw(st.integers(0, len(table) - 1))]
         example = settle(draw(inputs))
         changed, variant = _vary(draw, example, choice, signature, mutated, kinds, roles)
+        if variant.overlaps and not _ties_smooth(reference, changed):
+            changed, variant = example, NO_VARIANT  # a tie at a kink of the reference
         return changed, _noted(example, variant)
 
     return build()
@@ -171,6 +177,14 @@ def _vary(draw: Any, example: Any, choice: str, signature: inspect.Signature,
             return example, NO_VARIANT
     bound.arguments.update(values)
     return Args(*bound.args, **bound.kwargs), variant
+
+
+def _ties_smooth(reference: Callable[..., Any] | None, example: Any) -> bool:
+    """Whether ``reference`` is smooth at the ties across the arguments of ``example``
+    (:func:`equiv.strategies._derived.cross_ties`); true without a reference or ties."""
+    values = list(example.args) + list(example.kwargs.values())
+    ties = cross_ties(values)
+    return not ties or smooth_at(reference, example.args, example.kwargs, ties)
 
 
 def _alias_pairs(choice: str, values: dict, allowed: list[str]) -> list[tuple[str, str]]:

@@ -112,9 +112,13 @@ def arguments_for(signature: inspect.Signature, *,
                 kw[name] = value
             else:
                 args.append(value)
-        if planted and not _derived.smooth_at(reference, args, kw, planted):
+        keep, broken = _smooth_planted(reference, args, kw, planted) if hard_cases else (1, 0)
+        if not keep:
             _unplant(args, kw, kinds, plain)  # a kink of the reference: keep the plain values
             words = []
+            if broken:  # the plain values tie across arguments where the planted ones did
+                values = list(args) + list(kw.values())
+                _derived.break_ties(values, _derived.cross_ties(values))
         out = Args(*args, **kw)
         if plan == "broadcast":
             if reference is not None and not _accepts(reference, out, signature, locations):
@@ -180,6 +184,24 @@ def _shapes_for(draw: Any, plan: str, shp: tuple[int, ...], kinds: list, mutated
     if plan == "broadcast":
         return dict(zip(slots, spread))
     return {k: tuple(tiled if plan == "tile" else shp) for k in slots}
+
+
+def _smooth_planted(reference: Callable[..., Any] | None, args: list, kw: dict,
+                    planted: dict[int, list[int]]) -> tuple[bool, bool]:
+    """(whether the planted values, ``planted``: flat indices by argument position, may stay;
+    whether ties across arguments were broken). Ties across arguments (``x == lo`` in
+    ``clamp(x, lo, hi)``: equal simple values in two arguments) are probed with the plants;
+    where the reference is not smooth there they are broken (:func:`_derived.break_ties`) and
+    the plants are probed alone."""
+    values = list(args) + list(kw.values())
+    ties = _derived.cross_ties(values)
+    if not ties:
+        return not planted or _derived.smooth_at(reference, args, kw, planted), False
+    both = {k: sorted(set(planted.get(k, ())) | set(ties.get(k, ()))) for k in {*planted, *ties}}
+    if _derived.smooth_at(reference, args, kw, both):
+        return True, False
+    _derived.break_ties(values, ties)
+    return not planted or _derived.smooth_at(reference, args, kw, planted), True
 
 
 def _plant_words(name: str, spots: list[tuple[int, str]]) -> str:

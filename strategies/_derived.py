@@ -139,14 +139,17 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
 def _probe(reference: Callable[..., Any], args: Sequence[Any], kwargs: dict,
            planted: dict[int, list[int]], step: float) -> list[torch.Tensor]:
     """The reference's float64 outputs and input gradients, with ``step`` added at the
-    planted positions of the argument at each position of ``args + kwargs``."""
+    planted positions of the argument at each position of ``args + kwargs`` (the r-th argument
+    with planted positions: ``(r + 1) * step``)."""
     values = list(args) + list(kwargs.values())
     leaves: list[torch.Tensor] = []
+    # each argument moves by its own multiple of the step: a tie across arguments is broken
+    rank = {k: r for r, k in enumerate(sorted(planted))}
     for k, v in enumerate(values):
         if isinstance(v, torch.Tensor) and (v.dtype.is_floating_point or v.dtype.is_complex):
             w = _wide(v.detach()).clone(memory_format=torch.contiguous_format)  # row-major
             for i in planted.get(k, ()):
-                w.view(-1)[i] += step
+                w.view(-1)[i] += step * (1 + rank[k])
             values[k] = w.requires_grad_(True)
             leaves.append(values[k])
     with torch.enable_grad():
@@ -186,3 +189,43 @@ def _close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
         if gap.any():
             return False
     return True
+
+
+def cross_ties(values: Sequence[Any]) -> dict[int, list[int]]:
+    """Ties across arguments: for each floating tensor of ``values`` (by position), the flat
+    (row-major) indices where it equals an earlier floating tensor of its dtype at the position
+    broadcasting aligns with it (``clamp(x, lo, hi)`` at ``x == lo`` is a kink). Tensors whose
+    shapes do not broadcast together are not aligned, so they never tie."""
+    out: dict[int, list[int]] = {}
+    seen: list[torch.Tensor] = []
+    for k, t in enumerate(values):
+        if not (isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.numel()):
+            continue
+        t = t.detach()
+        hits = torch.zeros(t.shape, dtype=torch.bool, device=t.device)
+        for u in seen:
+            if u.dtype != t.dtype or u.device != t.device:
+                continue
+            try:
+                shape = torch.broadcast_shapes(t.shape, u.shape)
+            except RuntimeError:
+                continue
+            eq = (t.expand(shape) == u.expand(shape)).to(torch.int64)
+            hits |= eq.sum_to_size(t.shape) > 0
+        seen.append(t)
+        found = hits.reshape(-1).nonzero().flatten().tolist()
+        if found:
+            out[k] = found
+    return out
+
+
+def break_ties(values: Sequence[Any], ties: dict[int, list[int]]) -> None:
+    """Move the tied elements of each tensor in ``ties`` (from :func:`cross_ties`) off the tie,
+    in place: the r-th tied tensor by ``r / 2**b`` (below 1/2, a different amount per tensor,
+    exact in every floating dtype for simple half-integer values), so no two arguments tie
+    there any more and simple values stay simple."""
+    bits = max(3, (len(ties) + 1).bit_length() + 1)
+    with torch.no_grad():
+        for r, (k, found) in enumerate(sorted(ties.items()), start=1):
+            flat = values[k].detach().view(-1)
+            flat[torch.tensor(found, dtype=torch.long)] += r * 2.0 ** -bits

@@ -381,17 +381,52 @@ def test_a_cache_keyed_by_tensor_identity_is_caught():
     assert "keyed by tensor identity" in f.likely_cause
 
 
-def test_a_cache_keyed_by_version_passes():
+def test_a_cache_keyed_by_data_ptr_and_version_is_caught_through_data_copy():
+    """A write through ``.data`` (EMA swaps, weight reloads) keeps data_ptr and _version."""
     cache: dict = {}
 
     @equivalent_to(_scaled_ref, inputs=_xw())
     def scaled_versioned(x, w):
-        key = (id(w), w._version)
-        if cache.get("key") != key or cache.get("w") is not w:
-            cache.update(key=key, w=w, value=w.softmax(0))
+        key = (w.data_ptr(), w._version)
+        if cache.get("key") != key:
+            cache.update(key=key, value=w.softmax(0))
         return x * cache["value"]
 
-    passes(scaled_versioned)
+    f = failure(scaled_versioned, equiv.OutputMismatch, "state-across-calls")
+    assert "of a call after the same tensors got new values through .data.copy_() (no " \
+           "version bump) differs from the reference on those values." in f.headline
+    assert "keyed by (data_ptr, _version)" in f.likely_cause
+    assert "through .data.copy_() (same tensors, same data_ptr, version counters not " \
+           "bumped)" in f.details
+
+
+def test_a_cache_holding_a_view_of_the_old_storage_is_caught_through_data_assignment():
+    """Keyed by the tensor object and reading through a kept view: blind to ``p.data = new``."""
+    cache: dict = {}
+
+    @equivalent_to(_scaled_ref, inputs=_xw())
+    def scaled_view(x, w):
+        if cache.get("w") is not w:
+            cache.update(w=w, view=w.view(-1))
+        return x * cache["view"].view(w.shape).softmax(0)
+
+    f = failure(scaled_view, equiv.OutputMismatch, "state-across-calls")
+    assert "a call after new tensors were assigned to the arguments' .data (new storage)" \
+        in f.headline
+    assert "update through .data =" in f.likely_cause
+
+
+def test_a_cache_keyed_by_the_values_passes():
+    cache: dict = {}
+
+    @equivalent_to(_scaled_ref, inputs=_xw())
+    def scaled_by_value(x, w):
+        kept = cache.get("values")  # the same tensor (its graph) holding the same values
+        if cache.get("w") is not w or kept.shape != w.shape or not torch.equal(kept, w.detach()):
+            cache.update(w=w, values=w.detach().clone(), value=w.softmax(0))
+        return x * cache["value"]
+
+    passes(scaled_by_value)
 
 
 # --------------------------------------------------------------------------- 5. default memory bound

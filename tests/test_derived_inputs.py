@@ -197,6 +197,59 @@ def test_planted_values_probe():
     assert not smooth_at(lambda t: 1 / t, [x], {}, {0: [0]})       # inf at the plant
 
 
+# -- ties across arguments: clamp with tensor bounds -------------------------------------------
+def clamp_ref(x, lo, hi):
+    return torch.minimum(torch.maximum(x, lo), hi)
+
+
+def test_ties_across_arguments_stay_out_of_a_clamp_kink():
+    """Simple values repeat across arguments (``x == lo == hi``), and the alias variants make
+    ``lo`` and ``hi`` one tensor; ``clamp_`` and ``minimum(maximum(...))`` split the gradient
+    differently there. Both are valid: with default settings the correct kernel passes."""
+    @equivalent_to(clamp_ref, mutates={"x": "out"})
+    def clamp_(x, lo, hi):
+        return x.clamp_(lo, hi)
+
+    cfg = equiv.settings(seed=0, hypothesis_settings=hypothesis.settings(database=None))
+    report = equiv.check(clamp_, settings=cfg, raise_on_failure=False)
+    assert report.ok, report.render()
+
+
+def test_a_clamp_losing_the_bound_gradient_is_still_caught():
+    @equivalent_to(clamp_ref, mutates={"x": "out"})
+    def clamp_(x, lo, hi):
+        return x.clamp_(lo.detach(), hi)  # no gradient for lo
+
+    caught(clamp_, "gradients", "GradientMismatch", "gradient w.r.t. 'lo'")
+
+
+def test_ties_across_arguments_are_found_and_broken():
+    from equiv.strategies._derived import break_ties, cross_ties
+
+    x, lo, hi = torch.tensor([0.5, 1.5]), torch.tensor([0.5, -0.5]), torch.tensor([0.5])
+    values = [x, lo, 2.0, hi, torch.ones(3)]  # a scalar and a shape that does not broadcast
+    ties = cross_ties(values)
+    assert ties == {1: [0], 3: [0]}
+    break_ties(values, ties)
+    assert cross_ties(values) == {} and x.tolist() == [0.5, 1.5]
+    assert lo[0] != hi[0] and 0.5 < float(lo[0]) < 1.0 and 0.5 < float(hi[0]) < 1.0
+
+
+def test_a_tie_across_arguments_drawn_anyway_is_named_in_the_likely_cause():
+    example = (torch.tensor([0.5, 1.5], requires_grad=True),
+               torch.tensor([0.5, -1.0], requires_grad=True),
+               torch.tensor([2.0, 3.0], requires_grad=True))
+
+    @equivalent_to(clamp_ref, inputs=st.just(example), variants=False)
+    def clamp(x, lo, hi):
+        return torch.clamp(x, lo, hi)
+
+    f = caught(clamp, "gradients", "GradientMismatch")
+    assert f.likely_cause.startswith("x[0] = 0.5 and ties lo[0] (equal values in two "
+                                     "arguments; moving the tied value changes the "
+                                     "reference's gradient)"), f.likely_cause
+
+
 # -- tile sizes: a reduction wrong only off a multiple of its block --------------------------------
 def rowsum_ref(x):
     return x.sum(-1)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -836,30 +836,72 @@ class Execution:
             self.cache["shuffled-call"] = (side, *self.call("impl", side))
         return self.cache["shuffled-call"]
 
-    def call_again_after_update(self) -> tuple["ContractRun", "ContractRun"] | None:
-        """Call the implementation, write new values into the same tensors in place (``copy_``
-        under ``torch.no_grad()``, as an optimizer step does), call it again: (the second run,
-        the implementation's run on fresh tensors holding the new values); None when a call
-        raised."""
+    def calls_across_updates(self) -> Iterator["UpdatedCall"]:
+        """Call the implementation, then on the same tensors write other values through each
+        of :data:`UPDATE_PATHS` in turn (under ``torch.no_grad()``; the values alternate
+        between every storage reversed and the example's own) and call it again. Yields one
+        :class:`UpdatedCall` per path, lazily (a caller that stops early saves the calls);
+        nothing more once a call raises or an update cannot be written."""
         fresh, fresh_result, fresh_exc = self.shuffled_call()  # what it gives on new tensors
         if fresh_exc is not None:
-            return None
+            return
         side = self.side()
         _, exc = self.call("impl", side)
         if exc is not None:
-            return None
-        new = self.side(shuffled=True, grad=False)
-        try:
-            with torch.no_grad():
-                for t, v in zip(side.tensors, new.tensors):
-                    t.copy_(v)
-        except RuntimeError:  # an expanded (self-overlapping) argument cannot be written
-            return None
-        before = side.versions()
-        result, exc = self.call("impl", side)
-        if exc is not None:
-            return None
-        return ContractRun(side, result, None, before), ContractRun(fresh, fresh_result, None, [])
+            return
+        for k, how in enumerate(UPDATE_PATHS):
+            shuffled = k % 2 == 0
+            try:
+                _update(side, self.side(shuffled=shuffled, grad=False), how)
+            except RuntimeError:  # an expanded (self-overlapping) argument cannot be written
+                return
+            before = side.versions()
+            result, exc = self.call("impl", side)
+            if exc is not None:
+                return
+            if shuffled:
+                expected = fresh_result
+                finals = {a: fresh.argument(a) for a in self.spec.mutates}
+            else:
+                expected, finals = self.expected, self.finals
+            yield UpdatedCall(how, ContractRun(side, result, None, before), expected, finals,
+                              shuffled)
+
+
+#: how training loops write new weights into the tensors they pass, in the order tried:
+#: an optimizer step (``p.copy_(new)``, version bumped), a write through ``.data`` (EMA swaps,
+#: weight reloads: same storage, version not bumped), a new tensor assigned to ``.data`` (new
+#: storage, same tensor object; a view into a larger storage gets its values through
+#: ``.data.copy_`` instead)
+UPDATE_PATHS = ("copy_", ".data.copy_", ".data =")
+
+
+def _update(side: Side, new: Side, how: str) -> None:
+    """Write ``new``'s values into ``side``'s tensors the way ``how`` (one of
+    :data:`UPDATE_PATHS`) does."""
+    template = side.template
+    with torch.no_grad():
+        for g in template.groups:
+            if how == ".data =" and g.simple:  # every slot of a simple group is one tensor
+                side.tensors[g.slots[0]].data = new.tensors[g.slots[0]].detach()
+                continue
+            for j in g.slots:
+                t, v = side.tensors[j], new.tensors[j]
+                (t.copy_ if how == "copy_" else t.data.copy_)(v)
+
+
+@dataclasses.dataclass
+class UpdatedCall:
+    """A call of the implementation after its tensors were updated through ``how`` (one of
+    :data:`UPDATE_PATHS`), and what it must give: ``expected`` outputs and ``finals`` of mutated
+    arguments (``shuffled``: for the reversed values, from a call on fresh tensors; else the
+    reference's for the example)."""
+
+    how: str
+    run: "ContractRun"
+    expected: Any
+    finals: dict[str, Any]
+    shuffled: bool
 
 
 @dataclasses.dataclass
@@ -1123,7 +1165,11 @@ def kink_cause(ex: Execution, group: Any, m: Any) -> str | None:
     assert side is not None
     if smooth_at(ex.spec.ref, side.bound.args, dict(side.bound.kwargs), {k: flats}):
         return None
-    return (f"{where} is a point where the reference is not differentiable (its "
+    values = list(side.bound.args) + list(side.bound.kwargs.values())
+    ties = _tied_with(ex, side, values, k, tuple(m.index)) if group.simple else []
+    tie = (f" and ties {' and '.join(ties)} (equal values in two arguments; moving the tied "
+           "value changes the reference's gradient)") if ties else ""
+    return (f"{where}{tie} is a point where the reference is not differentiable (its "
             "output or gradient jumps there): the two sides pick different one-sided "
             "derivatives (subgradients). If either is acceptable, keep the inputs away from it "
             "(inputs=...) or use the reference's convention.")
@@ -1214,6 +1260,33 @@ def fd_only_note(check: str, what: str, why: str) -> str:
     (:func:`by_differences`)."""
     return (f"{check} not compared: the reference cannot differentiate ({why}), and finite "
             f"differences judge the first backward only ({what} was not checked)")
+
+
+def _tied_with(ex: Execution, side: Side, values: list[Any], k: int,
+               index: tuple[int, ...]) -> list[str]:
+    """The elements of other arguments (``lo[0]``) that broadcasting aligns with element
+    ``index`` of the argument at position ``k`` of ``values``, hold the same value, and where
+    the reference is not smooth (the probe moves that element alone)."""
+    tensor = values[k]
+    value = tensor.detach()[index]
+    out = []
+    for k2, u in enumerate(values):
+        if (k2 == k or not isinstance(u, torch.Tensor) or u.dtype != tensor.dtype
+                or u.dim() > tensor.dim()):
+            continue
+        off = tensor.dim() - u.dim()
+        if any(d not in (1, tensor.shape[i + off]) for i, d in enumerate(u.shape)):
+            continue
+        at = tuple(0 if d == 1 else index[i + off] for i, d in enumerate(u.shape))
+        if not bool(u.detach()[at] == value):
+            continue
+        flat = sum(i * st for i, st in zip(at, u.contiguous().stride()))
+        if smooth_at(ex.spec.ref, side.bound.args, dict(side.bound.kwargs), {k2: [flat]}):
+            continue
+        j = next((i for i, t in enumerate(side.tensors) if t is u), None)
+        name = ex.template.slots[j].path if j is not None else f"argument {k2}"
+        out.append(name + (f"[{', '.join(map(str, at))}]" if at else ""))
+    return out
 
 
 def name_cotangent(ex: Execution, sink: Sink, first: int) -> None:
