@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Iterable, Sequence
 
 from equiv._catalog import FAILURE_CLASSES
@@ -119,7 +120,9 @@ class Finding:
     def _verdict(self) -> str:
         if self.rule == "baseline":
             level = " (rounding-level)" if self.rounding_level else ""
-            return (f"baseline-relative (k={self.k:g}): implementation error {self.impl_error:.3g} "
+            error = (f"{self.impl_error:.3g}" if self.impl_error is None
+                     or math.isfinite(self.impl_error) else "non-finite (NaN or inf, above)")
+            return (f"baseline-relative (k={self.k:g}): implementation error {error} "
                     f"vs {oracle_name(self.dtype)}, the reference's own error "
                     f"{self.baseline_error:.3g} at this dtype, allowed {self.allowed:.3g}{level}")
         return "per-dtype default tolerance (no float64 oracle: see the note)"
