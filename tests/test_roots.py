@@ -196,10 +196,10 @@ def test_not_compared_line_is_not_truncated(tmp_path, monkeypatch):
 
     monkeypatch.setattr(results, "run_one", fake_run_one)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "wrong_fwd.py").write_text(WRONG_FORWARD)
-    code, out = _cli("check", "wrong_fwd.py", "--modes", "eager")
-    assert code == 0
-    assert f"not compared: wrong_fwd.scale [eager-cpu]: {note}\n" in out
+    (tmp_path / "noted_fwd.py").write_text(WRONG_FORWARD)
+    code, out = _cli("check", "noted_fwd.py", "--modes", "eager")
+    assert code == 0, out
+    assert f"not compared: noted_fwd.scale [eager-cpu]: {note}\n" in out
 
 
 # -- a module reproduction that runs ----------------------------------------------------------
