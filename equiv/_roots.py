@@ -4,8 +4,8 @@ Decided from plain data only (check name, mode, device, the example's text, the 
 argument, the eager replay's attribution line), never by running anything. A finding is a
 follow-on when an earlier finding explains it:
 
-- on the same example (same mode and device): a gradient check after a ``forward`` or
-  ``mutation`` divergence; ``needs-input-grad`` and ``double-backward`` after ``gradients``;
+- on the same example (same mode and device): a gradient check after a ``forward``
+  divergence; ``needs-input-grad`` and ``double-backward`` after ``gradients``;
   ``repeated-backward`` after ``gradients`` of the same argument;
 - in a non-eager mode whose eager replay of its example fails the same check (its
   attribution says so): after the eager finding of that check, device and argument.
@@ -23,8 +23,9 @@ from equiv.report import Finding
 #: the attribution of a non-eager finding whose example fails the same check in eager mode
 EAGER_TOO = "the implementation fails this check in eager mode too on this example"
 
-#: checks whose divergence on an example explains the gradient checks' on it
-_FORWARD = ("forward", "mutation")
+#: checks whose divergence on an example explains the gradient checks' on it (a wrong
+#: mutation need not: ``x.detach().add_()`` beside a cut gradient is two bugs)
+_FORWARD = ("forward",)
 #: gradient checks (their VJPs differentiate the forward's values)
 _GRADIENT = ("gradients", "repeated-backward", "needs-input-grad", "double-backward")
 #: after ``gradients`` on the same example, whatever the argument

@@ -162,6 +162,8 @@ def test_attribution_rules_on_plain_data():
                   attribution=eager_too),
                _f("gradients", mode=COMPILE, example="k(x=f32[9])")]
     assert causes(forward) == [None, None, 0, 0, 0]
+    # a mutation beside a wrong gradient is two bugs (x.detach().add_() and a cut gradient)
+    assert causes([_f("mutation"), _f("gradients")]) == [None, None]
 
 
 # -- numbers printed as what they are -------------------------------------------------------
