@@ -10,6 +10,7 @@ option or ini setting was given, or a test module imported equiv).
 from __future__ import annotations
 
 import inspect
+import os
 import random
 import sys
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 
 _STATE = pytest.StashKey["_State"]()
 _RESULT_PROPERTY = "equiv_result"
+_ITEM_PROPERTY = "equiv_item"
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -31,6 +33,9 @@ def pytest_addoption(parser: Any) -> None:
                     help="comma-separated devices, e.g. cpu,cuda (unavailable ones are skipped)")
     group.addoption("--equiv-max-examples", default=None, type=int, metavar="N",
                     help="Hypothesis examples per spec, mode and device")
+    group.addoption("--equiv-timeout", default=None, type=float, metavar="SECONDS",
+                    help="per-example time limit: an example running longer is a TIMEOUT "
+                         "(default: the profile's; ci: 300)")
     group.addoption("--equiv-seed", default=None, type=int, metavar="N",
                     help="seed for every equiv run (printed in the header; default: random)")
     group.addoption("--equiv-module", action="append", default=[], dest="equiv_modules",
@@ -65,6 +70,10 @@ class _State:
         if self.max_examples is not None and self.max_examples < 1:
             raise pytest.UsageError(
                 f"--equiv-max-examples={self.max_examples}: give a positive integer.")
+        self.timeout: float | None = opt("equiv_timeout")
+        if self.timeout is not None and not 0 < self.timeout < float("inf"):
+            raise pytest.UsageError(
+                f"--equiv-timeout={self.timeout:g}: give a number of seconds > 0, e.g. 60.")
         self.seed_given: int | None = opt("equiv_seed")
         workerinput = getattr(config, "workerinput", None)
         if self.seed_given is not None:
@@ -86,6 +95,7 @@ class _State:
         """An equiv option or ini setting was given: importing equiv is then expected."""
         return any(v not in (None, [], ()) for v in (
             self.profile, self.modes, self.devices, self.max_examples, self.seed_given,
+            self.timeout,
             self.modules, self.report_path, self.html_path))
 
     def apply(self) -> None:
@@ -101,6 +111,8 @@ class _State:
             overrides["modes"] = self.modes
         if self.devices:
             overrides["devices"] = self.devices
+        if self.timeout is not None:
+            overrides["timeout"] = self.timeout
         try:
             profile = settings.get_profile(self.profile) if self.profile else None
         except InvalidArgument as e:
@@ -108,7 +120,10 @@ class _State:
                 f"--equiv-profile={self.profile}: {e} Register it with "
                 "equiv.settings.register_profile(...) in conftest.py, or pick one of those."
             ) from None
-        derandomized = (profile or settings.default()).derandomize
+        try:
+            derandomized = (profile or settings.default()).derandomize
+        except InvalidArgument as e:  # $EQUIV_PROFILE names no registered profile
+            raise pytest.UsageError(str(e)) from None
         if self.seed_given is not None:
             overrides.update(seed=self.seed_given, derandomize=False)
         elif not derandomized:
@@ -133,6 +148,8 @@ class _State:
                  f"--equiv-devices={device}"]
         if self.max_examples is not None:
             flags.append(f"--equiv-max-examples={self.max_examples}")
+        if self.timeout is not None:
+            flags.append(f"--equiv-timeout={self.timeout:g}")
         if not cfg.derandomize:
             flags.append(f"--equiv-seed={cfg.seed}")
         return " ".join(_quote(f) for f in flags)
@@ -172,10 +189,31 @@ def pytest_configure(config: Any) -> None:
     config.stash[_STATE] = state
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(state), "equiv-xdist")
-    if state.report_path or state.html_path:
+    if state.report_path is not None or state.html_path is not None:
+        if not state.is_worker:
+            _prepare_reports(state)
         config.pluginmanager.register(_ReportHooks(state), "equiv-reports")
-    if state.requested:
-        state.apply()  # fail fast on a bad profile/modes, before collection
+    if state.requested or os.environ.get("EQUIV_PROFILE"):
+        try:
+            state.apply()  # fail fast on a bad profile/modes, before collection
+        except pytest.UsageError:
+            # an --equiv-module may register the profile $EQUIV_PROFILE names: resolved when
+            # the items are made, after that module is imported
+            if not (state.modules and "EQUIV_PROFILE" in os.environ and not state.profile):
+                raise
+
+
+def _prepare_reports(state: _State) -> None:
+    """Validate the report paths and make them absolute (a test's chdir cannot move them),
+    and remove stale reports there, before any test runs."""
+    from equiv._reports import ReportPathError, prepare
+
+    try:
+        paths = prepare([("--equiv-report", state.report_path),
+                         ("--equiv-html", state.html_path)])
+    except ReportPathError as e:
+        raise pytest.UsageError(f"{e}.") from None
+    state.report_path, state.html_path = paths.get("--equiv-report"), paths.get("--equiv-html")
 
 
 def pytest_unconfigure(config: Any) -> None:
@@ -200,8 +238,12 @@ class _XdistHooks:
 def pytest_report_header(config: Any) -> str | None:
     state = _state(config)
     if state.requested or "equiv" in sys.modules:
+        try:
+            text = state.header()
+        except pytest.UsageError:  # $EQUIV_PROFILE resolved after the --equiv-modules load
+            return None
         state.header_shown = True
-        return state.header()
+        return text
     return None
 
 
@@ -274,18 +316,35 @@ class _ReportHooks:
 
     def __init__(self, state: _State) -> None:
         self.state = state
+        self.started: dict[str, dict[str, Any]] = {}  # equiv items set up, not yet reported
 
     def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.when == "setup":  # what a crash row names, should the item's worker die
+            for name, value in getattr(report, "user_properties", ()):
+                if name == _ITEM_PROPERTY and isinstance(value, dict):
+                    self.started[report.nodeid] = value
+            return
+        if report.when == "???":  # xdist: the worker running this item crashed
+            item = self.started.pop(report.nodeid, None)
+            if item is not None:
+                from equiv.pytest import crash_row
+
+                message = str(getattr(report, "longrepr", "") or "the worker crashed")
+                self.state.results.append(dict(crash_row(item, message), nodeid=report.nodeid))
+            return
         if report.when != "call":  # every phase's report carries the item's user_properties
             return
+        self.started.pop(report.nodeid, None)
         for name, value in getattr(report, "user_properties", ()):
             if name == _RESULT_PROPERTY and isinstance(value, dict):
                 self.state.results.append(dict(value, nodeid=report.nodeid))
 
-    def pytest_sessionfinish(self, session: Any) -> None:
+    def pytest_sessionfinish(self, session: Any, exitstatus: Any) -> None:
         state = self.state
         if state.is_worker or not (state.report_path or state.html_path):
             return
         from equiv.pytest import _write_reports
 
-        _write_reports(state)
+        ended_early = (int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)
+                       or bool(session.shouldstop) or bool(session.shouldfail))
+        _write_reports(state, complete=not ended_early)

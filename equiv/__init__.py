@@ -20,6 +20,7 @@ from equiv.modes import Mode, compiled
 from equiv.report import Finding, ModeResult, Report
 from equiv.run import check
 from equiv._assert import assert_equivalent
+from equiv._bench import bench
 from equiv.spec import Spec, equivalent_to, registry
 import equiv.modules  # noqa: E402,F401  (registers nn.Module pairs with equivalent_to)
 
@@ -45,6 +46,7 @@ __all__ = [
     "ScheduleMismatch",
     "Spec",
     "assert_equivalent",
+    "bench",
     "check",
     "compiled",
     "equivalent_to",

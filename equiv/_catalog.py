@@ -23,8 +23,8 @@ from equiv.errors import (
 )
 
 #: mode kinds (equiv.modes.Mode.kind)
-EVERY_MODE = ("eager", "compile", "functionalize", "vmap", "jvp")
-_RECORDED = ("eager", "compile", "functionalize")  # modes whose example runs both sides as written
+EVERY_MODE = ("eager", "compile", "functionalize", "vmap", "jvp", "autocast")
+_RECORDED = ("eager", "compile", "functionalize", "autocast")  # modes whose example runs both sides as written
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,8 @@ class CheckRow:
     ``autograd.Function`` node in the implementation's graph; ``"clean"`` needs a valid example
     on which no earlier check found anything (its extra runs would only repeat a known bug).
     ``costly``: its extra runs cost several times the example's own; it runs on a share of
-    the examples (``settings(costly_share=...)``).
+    the examples (``settings(costly_share=...)``). ``option``: an opt-in check, run only where
+    the spec (or, for ``deterministic``, the settings) set that option.
     """
 
     name: str
@@ -46,6 +47,7 @@ class CheckRow:
     needs: str
     summary: str
     costly: bool = False
+    option: str = ""
 
 
 CATALOG: tuple[CheckRow, ...] = (
@@ -55,7 +57,7 @@ CATALOG: tuple[CheckRow, ...] = (
     CheckRow("forward", OutputMismatch, "forward", EVERY_MODE, "valid",
              "returned outputs: values, dtype, shape, structure"),
     CheckRow("mutation", MutationMismatch, "mutation", ("eager", "compile", "functionalize",
-                                                        "vmap"), "valid",
+                                                        "vmap", "autocast"), "valid",
              "final values of mutated arguments; undeclared writes"),
     CheckRow("aliasing", AliasingMismatch, "aliasing", _RECORDED, "valid",
              "views as contract: outputs share input storage as the reference/aliases= say, an "
@@ -63,10 +65,12 @@ CATALOG: tuple[CheckRow, ...] = (
     CheckRow("no-grad", OutputMismatch, "no_grad", ("eager",), "clean",
              "the forward contract with no input requiring grad and under torch.no_grad()",
              costly=True),
-    CheckRow("gradients", GradientMismatch, "gradients", ("eager", "compile", "vmap", "jvp"),
+    CheckRow("gradients", GradientMismatch, "gradients", ("eager", "compile", "vmap", "jvp",
+                                                          "autocast"),
              "valid", "vector-Jacobian product for a random cotangent (vmap mode: batched "
              "gradients, a batch of cotangents at once; jvp mode: the tangent)"),
-    CheckRow("repeated-backward", GradientMismatch, "repeated_backward", ("eager", "compile"),
+    CheckRow("repeated-backward", GradientMismatch, "repeated_backward",
+             ("eager", "compile", "autocast"),
              "valid", "a second backward through the retained graph, same and new cotangent"),
     CheckRow("mark-dirty", GradientMismatch, "mark_dirty", ("eager",), "function",
              "in-place writes inside a custom Function's forward declared with ctx.mark_dirty"),
@@ -84,6 +88,12 @@ CATALOG: tuple[CheckRow, ...] = (
     CheckRow("schedule", ScheduleMismatch, "schedule", ("eager",), "clean",
              "hazardous schedules raise or match the reference at forward-time values",
              costly=True),
+    CheckRow("determinism", EquivalenceFailure, "determinism", ("eager", "compile"), "valid",
+             "opt-in (deterministic=True): two calls on fresh, equal inputs give bitwise-equal "
+             "outputs, mutated arguments and gradients", option="deterministic"),
+    CheckRow("batch-invariance", EquivalenceFailure, "batch_invariance", ("eager", "compile"),
+             "valid", "opt-in (batch_invariant=DIM): each entry of the batch equals bitwise the "
+             "implementation on that entry alone, gradients included", option="batch_invariant"),
     CheckRow("memory", MemoryMismatch, "memory", ("eager",), "valid",
              "the memory contract: peak ratio and bytes retained by the graph (default: a loose "
              "bound on retained bytes, on a share of examples)"),

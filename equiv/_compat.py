@@ -53,6 +53,39 @@ def op_schema(overload: Any) -> Any:
     return overload._schema
 
 
+# -- saved-tensor hooks (equiv.execution.calls restores the stack around user code) ----------
+def _top_hooks() -> Any:
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:  # pragma: no cover - torch without the accessor: nothing to compare
+        return None
+    try:
+        return top(False)
+    except TypeError:  # pragma: no cover - older signature without ignore_is_tracing
+        return top()
+
+
+def saved_tensors_hooks_top() -> Any:
+    """The innermost ``saved_tensors_hooks`` pair in effect (None when there is none)."""
+    return _top_hooks()
+
+
+def restore_saved_tensors_hooks(top: Any) -> None:
+    """Pop the ``saved_tensors_hooks`` pushed (entered, never exited) since ``top`` was read;
+    when ``top`` is no longer on the stack (code exited a context it had not entered), the
+    stack is left as it was found."""
+    def same(a: Any, b: Any) -> bool:
+        return (a is None) == (b is None) and (a is None or (a[0] is b[0] and a[1] is b[1]))
+
+    popped = []
+    autograd = torch._C._autograd
+    while not same(now := _top_hooks(), top) and now is not None and len(popped) < 10_000:
+        popped.append(now)
+        autograd._pop_saved_tensors_default_hooks()
+    if not same(_top_hooks(), top):  # not found: put back what was popped
+        for pack, unpack in reversed(popped):
+            autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+
 # -- torch.compile internals (imported lazily: ``import equiv`` must not load Dynamo) -----------
 def dynamo() -> Any:
     """``torch._dynamo``, imported on first use by a compile mode."""
@@ -82,6 +115,20 @@ def mark_sides_dynamic(values: Any) -> None:
             for dim, side in enumerate(t.shape):
                 if side >= 2:
                     d.maybe_mark_dynamic(t, dim)
+
+
+def compile_disabled(fn: Any) -> bool:
+    """Whether ``fn`` is decorated with ``torch.compiler.disable`` (``torch.compile`` of it
+    directly would trace the undecorated function underneath)."""
+    return bool(getattr(fn, "_torchdynamo_disable", False))
+
+
+def graph_has_ops(gm: Any) -> bool:
+    """Whether an FX graph a backend receives runs anything (not only inputs to outputs)."""
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        return True
+    return any(n.op in ("call_function", "call_method", "call_module") for n in graph.nodes)
 
 
 def graph_break_counter() -> dict[str, int]:
@@ -154,3 +201,27 @@ def default_tolerances(dtype: torch.dtype) -> tuple[float, float] | None:
     except Exception:  # its signature changed: the caller takes assert_close's own path
         return None
     return rtol, atol
+
+
+# -- selection by name (equiv check -k, equiv list -k) --------------------------------------
+def keyword_matcher(expression: str) -> Any:
+    """A predicate over spec names with pytest's ``-k`` semantics: ``and``/``or``/``not``,
+    parentheses, each identifier a case-insensitive substring of the name. Uses pytest's own
+    parser (``_pytest.mark.expression``, private, stable since pytest 6). Raises ``ValueError``
+    with the parser's message for a malformed expression."""
+    from _pytest.mark.expression import Expression
+
+    try:
+        compiled = Expression.compile(expression)
+    except SyntaxError as e:
+        raise ValueError(f"not a valid -k expression ({e.msg}, at column {e.offset})") from None
+
+    def matches(name: str) -> bool:
+        def matcher(sub: str, /, **kwargs: Any) -> bool:
+            if kwargs:
+                raise ValueError("-k expressions over spec names take no call parameters")
+            return sub.lower() in name.lower()
+
+        return compiled.evaluate(matcher)
+
+    return matches

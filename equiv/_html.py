@@ -8,8 +8,10 @@ the optimizer/schedule ``step`` events as vertical rules.
 
 from __future__ import annotations
 
-from html import escape
+from html import escape as _html_escape
 from typing import Any
+
+from equiv._reports import visible
 
 KINDS = ("save", "view", "write", "read", "release")
 COLORS = {"save": "#1f6feb", "view": "#8250df", "write": "#d4a72c", "read": "#1a7f37",
@@ -41,6 +43,11 @@ h3{font-size:14px;margin:12px 0 4px} summary{cursor:pointer;color:#0969da;margin
 """
 
 
+def escape(text: Any, quote: bool = True) -> str:
+    """``text`` for HTML: scrubbed, control characters shown as escapes, markup escaped."""
+    return _html_escape(visible(text), quote)
+
+
 def render_html(doc: dict[str, Any]) -> str:
     """The whole report as one HTML string."""
     results = doc.get("results", [])
@@ -56,6 +63,8 @@ def render_html(doc: dict[str, Any]) -> str:
             f"{doc.get('schema')}") + "</p>",
         '<p class="meta">' + escape(", ".join(
             f"{n} {LABELS.get(v, v)}" for v, n in counts.items() if n)) + "</p>",
+        "" if doc.get("complete", True) else '<p class="incomplete error" id="incomplete">'
+        "INCOMPLETE: the run ended early; only the results that finished are shown.</p>",
         _summary_table(results),
     ]
     parts.extend(_findings(results))

@@ -26,12 +26,13 @@ def load_target(target: str) -> list[Spec]:
     the user); exceptions raised by the user's modules propagate unchanged (callers show the
     traceback).
     """
-    specs: list[Spec] = []
-    for m in _modules(target):
-        for s in specs_in_module(m):
-            if all(s.name != t.name for t in specs):
-                specs.append(s)
-    return specs
+    modules = _modules(target)
+    specs: dict[str, Spec] = {}
+    for direct in (True, False):  # each spec first under its own module, in walk order
+        for m in modules:
+            for s in specs_in_module(m, direct=direct):
+                specs.setdefault(s.name, s)
+    return list(specs.values())
 
 
 class TargetNotFound(ImportError):
@@ -46,6 +47,9 @@ def _modules(target: str) -> list[ModuleType]:
         files = sorted(p for p in path.glob("*.py") if not p.name.startswith("_"))
         return [_import_file(f) for f in files]
     if path.is_file():
+        if path.suffix != ".py":
+            raise TargetNotFound(f"{target}: not a Python source file (give a .py file, a "
+                                 "folder of them, a package folder or a dotted module)")
         return [_import_file(path)]
     if path.suffix == ".py" or "/" in target or "\\" in target:
         raise TargetNotFound(f"no such file or folder: {target}")
@@ -83,14 +87,25 @@ def _package_name(folder: Path) -> str:
     while (root / "__init__.py").is_file():
         parts.insert(0, root.name)
         root = root.parent
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return ".".join(parts)
+    name = ".".join(parts)
+    if str(root) not in sys.path:  # at the end: the folder never hides an installed module
+        sys.path.append(str(root))
+    found = importlib.util.find_spec(parts[0])
+    origin = getattr(found, "origin", None)
+    if found is not None and origin is not None and \
+            Path(origin).resolve().parent != (root / parts[0]).resolve():
+        raise TargetNotFound(
+            f"{folder}: its package name {parts[0]!r} is already taken by {origin}; rename the "
+            "package, or name its modules as a dotted module from a folder that holds it")
+    return name
 
 
-def specs_in_module(module: ModuleType) -> list[Spec]:
+def specs_in_module(module: ModuleType, *, direct: bool = False) -> list[Spec]:
     """The specs that belong to ``module``: its decorated attributes in definition order, then
-    any other registered spec of that module (factory-made ones included)."""
+    any other registered spec of that module (factory-made ones included), then every spec its
+    import registered (``equivalent_to(ref)(pkg.kernel)`` in a specs file, for a kernel
+    defined elsewhere). ``direct``: only the specs it defines or registered itself (not
+    through a module it imported)."""
     found: dict[str, Spec] = {}
     values = list(vars(module).values())  # not getattr: a lazy module attribute may raise
     for value in values:
@@ -98,41 +113,78 @@ def specs_in_module(module: ModuleType) -> list[Spec]:
             spec = inspect.getattr_static(value, "__equiv_spec__", None)
         except Exception:  # an object whose type lookup itself fails: not a spec
             continue
-        if isinstance(spec, Spec) and spec.module == module.__name__:
+        if isinstance(spec, Spec) and _belongs(spec, module.__name__, direct):
             found.setdefault(spec.name, spec)
     for spec in list(_REGISTRY.values()):
         if spec.module == module.__name__:
             found.setdefault(spec.name, spec)
+    for spec in list(_REGISTRY.values()):
+        if _belongs(spec, module.__name__, direct):
+            found.setdefault(spec.name, spec)
     return list(found.values())
 
 
+def _belongs(spec: Spec, module: str, direct: bool) -> bool:
+    """Whether ``module`` defines ``spec``'s implementation or its import registered it."""
+    sites = spec.sites[:1] if direct else spec.sites
+    return spec.module == module or module in sites
+
+
 def _import_file(path: Path) -> ModuleType:
+    """Import one ``.py`` file under a module name that shadows nothing: its stem unless a
+    module of that name exists elsewhere (the standard library, torch's dependencies), else
+    ``<folder>.<stem>``, else a unique ``_equiv_target.<stem>``. Its folder goes at the end of ``sys.path`` while it
+    runs, so sibling imports work and never hide an installed module."""
     path = path.resolve()
     for mod in list(sys.modules.values()):
         if getattr(mod, "__file__", None) and Path(mod.__file__).resolve() == path:
             return mod  # already imported (e.g. twice on one command line)
-    candidates = [path.stem, f"{path.parent.name}.{path.stem}"]
-    name = next((c for c in candidates if c not in sys.modules), None)
-    n = 1
-    while name is None:
-        name = f"{path.parent.name}.{path.stem}_{n}" if f"{path.parent.name}.{path.stem}_{n}" \
-            not in sys.modules else None
-        n += 1
+    name = _free_name(path)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}: not a Python source file")
+        raise TargetNotFound(f"{path}: not a Python source file (give a .py file, a folder "
+                             "or a dotted module)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     folder = str(path.parent)
     added = folder not in sys.path
     if added:  # sibling imports work, as when running the file as a script
-        sys.path.insert(0, folder)
+        sys.path.append(folder)
     try:
         spec.loader.exec_module(module)
     except BaseException:
         del sys.modules[name]
         raise
     finally:
-        if added:
+        if added and folder in sys.path:
             sys.path.remove(folder)
     return module
+
+
+def _free_name(path: Path) -> str:
+    """A module name for ``path`` that is not imported yet and names no other module."""
+    stem = path.stem
+    if stem.isidentifier() and stem not in sys.modules and not _exists_elsewhere(stem, path):
+        return stem
+    dotted = f"{path.parent.name}.{stem}"  # never a top-level name: shadows nothing
+    if stem.isidentifier() and path.parent.name.isidentifier() and dotted not in sys.modules:
+        return dotted
+    base = f"_equiv_target.{stem}" if stem.isidentifier() else "_equiv_target.module"
+    name, n = base, 1
+    while name in sys.modules:
+        n += 1
+        name = f"{base}_{n}"
+    return name
+
+
+def _exists_elsewhere(name: str, path: Path) -> bool:
+    """Whether a top-level module ``name`` other than ``path`` is importable (the standard
+    library, an installed package, a module of the current folder)."""
+    if name in sys.stdlib_module_names or name in sys.builtin_module_names:
+        return True
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    origin = getattr(found, "origin", None)
+    return found is not None and (origin is None or Path(origin).resolve() != path)

@@ -1,8 +1,9 @@
-"""Decoration-time validation of ``equivalent_to(variants=...)``: the input-variant kinds."""
+"""Decoration-time validation of ``equivalent_to(variants=..., constants=...)``: the input-variant
+kinds, spec-wide or per argument, and the arguments declared constant."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from equiv.errors import InvalidArgument
 
@@ -46,3 +47,47 @@ def validate_variants(value: Any, impl: str, derived: bool = False) -> tuple[str
             f"use names from {VARIANT_KINDS}, e.g. variants=('layouts',), or variants=False."
         )
     return tuple(k for k in VARIANT_KINDS if k in kinds)
+
+
+def validate_argument_variants(value: Any, impl: str, derived: bool,
+                               params: Any) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
+    """``variants=`` in either form: the spec's kinds (for a mapping, every kind some argument
+    may get) and the per-argument kinds of a mapping ``{"x": ("layouts",), "cos": ()}`` (each
+    value in the spec-wide form; arguments it does not name get the default)."""
+    if not isinstance(value, Mapping):
+        return validate_variants(value, impl, derived), {}
+    default = validate_variants(True, impl, derived)
+    per: dict[str, tuple[str, ...]] = {}
+    for name, kinds in value.items():
+        if name not in params:
+            raise InvalidArgument(
+                f"equivalent_to(variants={{{name!r}: ...}}) for {impl}: {name!r} is not a "
+                f"parameter; name one of {list(params)}, e.g. variants={{'cos': ()}}.")
+        plain = kinds is True or kinds is False or kinds is None
+        names = () if plain else string_tuple(kinds)
+        if names is not None and not all(k in VARIANT_KINDS for k in names):
+            names = None
+        if names is None:
+            raise InvalidArgument(
+                f"equivalent_to(variants={{{name!r}: {kinds!r:.60}}}) for {impl}: give True "
+                f"(the default), False or () (no variant for {name!r}), or a tuple of names "
+                f"from {VARIANT_KINDS}, e.g. variants={{{name!r}: ('layouts',)}}.")
+        per[name] = validate_variants(kinds, impl, derived)
+    union = tuple(k for k in VARIANT_KINDS
+                  if k in default or any(k in v for v in per.values()))
+    return union, per
+
+
+def validate_constants(value: Any, impl: str, params: Any) -> tuple[str, ...]:
+    """``constants=``: names of parameters the reference does not differentiate."""
+    names = string_tuple(value)
+    if names is None:
+        raise InvalidArgument(
+            f"equivalent_to(constants={value!r:.60}) for {impl}: give a tuple of argument "
+            "names, e.g. constants=('cos', 'sin').")
+    unknown = [n for n in names if n not in params]
+    if unknown:
+        raise InvalidArgument(
+            f"equivalent_to(constants={names!r}) for {impl}: {unknown} is not a parameter; "
+            f"name arguments from {list(params)}, e.g. constants=({list(params)[-1]!r},).")
+    return tuple(dict.fromkeys(names))

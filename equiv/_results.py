@@ -11,6 +11,7 @@ import dataclasses
 import json
 from typing import Any, Iterable
 
+from equiv._reports import strict, write_atomic
 from equiv._settings import settings as Settings
 from equiv.errors import InvalidArgument
 from equiv.report import Finding, Report
@@ -124,14 +125,17 @@ def linked(results: Iterable[Result]) -> dict[tuple[int, int], tuple[int, int] |
 
 
 def _event(e: Any) -> dict[str, Any]:
+    """One timeline event as JSON: a key the recorder left unknown (None) is absent, never
+    ``null`` (docs/report-schema.md types each key)."""
     if isinstance(e, dict):
-        return {k: _plain(v) for k, v in e.items()}
-    if dataclasses.is_dataclass(e) and not isinstance(e, type):
-        return {k: _plain(v) for k, v in dataclasses.asdict(e).items()}
-    to_dict = getattr(e, "to_dict", None)
-    if callable(to_dict):
-        return {k: _plain(v) for k, v in to_dict().items()}
-    return {"kind": "unknown", "repr": repr(e)}
+        fields = e
+    elif dataclasses.is_dataclass(e) and not isinstance(e, type):
+        fields = dataclasses.asdict(e)
+    elif callable(getattr(e, "to_dict", None)):
+        fields = e.to_dict()
+    else:
+        return {"kind": "unknown", "repr": repr(e)}
+    return {k: _plain(v) for k, v in fields.items() if v is not None}
 
 
 def _plain(v: Any) -> Any:
@@ -302,9 +306,10 @@ def summary(results: Iterable[Result | dict[str, Any]]) -> dict[str, int]:
 
 def document(results: Iterable[Result | dict[str, Any]], *, tool: str, profile: str,
              seed: int | None, modes: Iterable[str], devices: Iterable[str],
-             max_examples: int, reproduce: str = "") -> dict[str, Any]:
+             max_examples: int, reproduce: str = "", complete: bool = True) -> dict[str, Any]:
     """The JSON report (schema ``equiv.results/1``, docs/report-schema.md). Deterministic: no
-    timestamps, no addresses."""
+    timestamps, no addresses; strict JSON (non-finite numbers as ``"inf"``, ``"-inf"``,
+    ``"nan"``). ``complete=False``: the run ended early, ``results`` are those that finished."""
     import equiv
 
     results = list(results)
@@ -314,8 +319,9 @@ def document(results: Iterable[Result | dict[str, Any]], *, tool: str, profile: 
         for (r, i), root in linked(objects).items():
             rows[r]["findings"][i]["caused_by"] = None if root is None else {
                 "result": root[0], "finding": root[1]}
-    return {
+    return strict({
         "schema": SCHEMA,
+        "complete": complete,
         "equiv_version": equiv.__version__,
         "tool": tool,
         "profile": profile,
@@ -326,10 +332,14 @@ def document(results: Iterable[Result | dict[str, Any]], *, tool: str, profile: 
         "reproduce": reproduce,
         "summary": summary(rows),
         "results": rows,
-    }
+    })
+
+
+def json_text(doc: dict[str, Any]) -> str:
+    """The report as strict JSON text (no ``NaN``/``Infinity`` literals)."""
+    return json.dumps(strict(doc), indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
 def write_json(doc: dict[str, Any], path: str) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=2, sort_keys=False)
-        fh.write("\n")
+    """Write the report to ``path`` atomically (a temporary file, then ``os.replace``)."""
+    write_atomic(path, json_text(doc))

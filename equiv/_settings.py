@@ -122,9 +122,15 @@ class settings:
     #: after it; explicit ``examples=`` and, once an example has failed, every later one (so
     #: a failure found there shrinks and replays like any other); 1.0 runs them on every one
     costly_share: float = 0.25
+    #: every spec's implementation must be deterministic: two calls on fresh, equal inputs
+    #: give bitwise-equal outputs, mutated arguments and gradients (the ``determinism`` check)
+    deterministic: bool = False
 
     _profiles: ClassVar[dict[str, "settings"]] = {}
     _current: ClassVar[str] = "default"
+    #: ``$EQUIV_PROFILE`` (else ``ci`` when ``$CI`` is set) not applied yet: it is resolved on
+    #: first use, after the targets (which may register that profile) are imported
+    _environment_pending: ClassVar[bool] = True
     #: options of the running pytest session (--equiv-max-examples...), applied over the profile
     _session_overrides: ClassVar[dict[str, Any]] = {}
 
@@ -134,6 +140,8 @@ class settings:
                 f"settings(parent={parent!r:.60}): the parent must be an equiv.settings object.")
         # like hypothesis.settings(): no parent means the loaded profile's values (only the
         # options given here count as explicit)
+        if parent is None:
+            type(self)._environment(strict=False)
         base = parent if parent is not None else type(self)._profiles.get(type(self)._current)
         fields = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - fields)
@@ -187,6 +195,9 @@ class settings:
         if self.seed is not None and (not isinstance(self.seed, int)
                                       or isinstance(self.seed, bool)):
             raise InvalidArgument(f"settings(seed={self.seed!r}): give an integer or None.")
+        if not isinstance(self.deterministic, bool):
+            raise InvalidArgument(
+                f"settings(deterministic={self.deterministic!r}): give True or False.")
         if not isinstance(self.derandomize, bool):
             raise InvalidArgument(
                 f"settings(derandomize={self.derandomize!r}): give True or False.")
@@ -248,13 +259,35 @@ class settings:
 
     @classmethod
     def load_profile(cls, name: str) -> None:
-        """Make ``name`` the profile that runs start from."""
+        """Make ``name`` the profile that runs start from (over ``$EQUIV_PROFILE``)."""
         cls.get_profile(name)
         cls._current = name
+        cls._environment_pending = False
+
+    @classmethod
+    def _environment(cls, strict: bool = True) -> None:
+        """Load the profile ``$EQUIV_PROFILE`` names (else ``ci`` when ``$CI`` is set), once.
+        A name no profile is registered under stays pending when not ``strict`` (a target
+        imported later may register it), else is an InvalidArgument naming the variable."""
+        if not cls._environment_pending:
+            return
+        name = os.environ.get("EQUIV_PROFILE") or ("ci" if os.environ.get("CI") else "")
+        if name and name not in cls._profiles:
+            if not strict:
+                return
+            raise InvalidArgument(
+                f"EQUIV_PROFILE={name!r} names no equiv settings profile; registered: "
+                f"{sorted(cls._profiles)}. Pick one of those, unset EQUIV_PROFILE, or register "
+                f"it with equiv.settings.register_profile({name!r}, ...) in a module the run "
+                "imports (a target, or conftest.py).")
+        cls._environment_pending = False
+        if name:
+            cls._current = name
 
     @classmethod
     def default(cls) -> "settings":
         """The currently loaded profile, with the running pytest session's options over it."""
+        cls._environment()
         base = cls._profiles[cls._current]
         return settings(base, **cls._session_overrides) if cls._session_overrides else base
 
@@ -262,6 +295,7 @@ class settings:
     def _push_session(cls, profile: str | None = None, **overrides: Any) -> tuple[str, dict]:
         """Internal (pytest plugin, equiv command): load ``profile`` and apply ``overrides``
         over it; returns the previous state for :meth:`_pop_session`."""
+        cls._environment(strict=profile is None)
         previous = (cls._current, dict(cls._session_overrides))
         if profile is not None:
             cls.load_profile(profile)
@@ -307,17 +341,17 @@ settings.register_profile("thorough", max_examples=200, modes=THOROUGH_MODES, co
 
 
 def _load_environment_profile() -> None:
-    name = os.environ.get("EQUIV_PROFILE")
-    if name:
-        settings.load_profile(name)
-    elif os.environ.get("CI"):
-        settings.load_profile("ci")
+    """Apply ``$EQUIV_PROFILE`` (else ``ci`` when ``$CI`` is set) now; InvalidArgument when no
+    profile has that name. Runs resolve it on first use (:meth:`settings.default`)."""
+    settings._environment_pending = True
+    settings._environment()
 
 
-# ci runs more examples; thorough also draws float64
-settings._profiles["ci"] = settings(settings._profiles["ci"], max_examples=100)
+# ci runs more examples, each within a generous time limit (a hanging kernel must not hang CI);
+# thorough also draws float64
+CI_TIMEOUT = 300.0
+settings._profiles["ci"] = settings(settings._profiles["ci"], max_examples=100,
+                                    timeout=CI_TIMEOUT)
 # thorough asks for every mode: where torch cannot run a transform, the skip is accepted
 settings._profiles["thorough"] = settings(settings._profiles["thorough"],
                                           dtypes=("float32", "float64"), allow_skip=SKIPPABLE)
-
-_load_environment_profile()

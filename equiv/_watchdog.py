@@ -23,9 +23,18 @@ class ExampleTimeout(BaseException):
     """One example ran past ``settings(timeout=...)``. A BaseException, like KeyboardInterrupt,
     so that the guards around the user's code (which catch ``Exception``) let it through."""
 
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"an example ran longer than timeout={seconds:g}s")
+    def __init__(self, seconds: float, message: str = "") -> None:
+        super().__init__(message or f"an example ran longer than timeout={seconds:g}s")
         self.seconds = seconds
+
+
+def deadline_timeout(error: BaseException) -> ExampleTimeout:
+    """The timeout a Hypothesis ``DeadlineExceeded`` (the user's ``deadline=``) stands for."""
+    runtime, deadline = getattr(error, "runtime", None), getattr(error, "deadline", None)
+    seconds = deadline.total_seconds() if deadline is not None else 0.0
+    took = f" (it took {runtime.total_seconds():.3g}s)" if runtime is not None else ""
+    return ExampleTimeout(seconds, f"an example ran longer than the Hypothesis deadline="
+                                   f"{seconds * 1000:g}ms set in hypothesis_settings{took}")
 
 
 def _example_frame(frame: FrameType | None) -> FrameType | None:

@@ -40,6 +40,18 @@ def _comma_list(value: str) -> tuple[str, ...]:
     return tuple(parts)
 
 
+def _sizes(value: str) -> tuple[int, ...]:
+    """``--sizes 1e3,1e5``: element counts (``1000`` or ``1e3``)."""
+    try:
+        sizes = tuple(int(float(v)) for v in value.split(",") if v.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or any(s < 1 for s in sizes):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: give element counts >= 1 separated by commas, e.g. 1e3,1e5")
+    return sizes
+
+
 def _positive(value: str) -> int:
     try:
         n = int(value)
@@ -50,12 +62,22 @@ def _positive(value: str) -> int:
     return n
 
 
+def _seconds(value: str) -> float:
+    try:
+        n = float(value)
+    except ValueError:
+        n = 0.0
+    if not 0 < n < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: give a number of seconds > 0, e.g. 60")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="equiv", description="Prove fast, mutating PyTorch implementations equivalent to "
         "their pure references.", epilog="Exit status: 0 all pass, 1 findings, 2 usage or "
         "import error, 130 interrupted.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{check,list,lab}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{check,list,bench,lab}")
     p = sub.add_parser("check", help="run every registered spec found in the targets",
                        description="Import the targets and run every @equivalent_to spec.")
     p.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE",
@@ -72,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
                         "else ci when $CI is set, else default)")
     p.add_argument("--max-examples", type=_positive, default=None, metavar="N",
                    help="Hypothesis examples per spec, mode and device")
+    p.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+                   help="per-example time limit: an example (both sides, all checks) running "
+                        "longer is a TIMEOUT (default: the profile's; ci: 300)")
     p.add_argument("--seed", type=int, default=None, metavar="N",
                    help="seed for every run (default: random, printed)")
     p.add_argument("--reference-dtype", default=None, metavar="DTYPE",
@@ -86,8 +111,23 @@ def _parser() -> argparse.ArgumentParser:
                    help="write a self-contained HTML report")
     p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                    help="progress bar on stderr (auto: only on a terminal)")
+    b = sub.add_parser("bench", help="time each spec's implementation against its reference "
+                       "(after a quick equivalence check), docs/bench.md")
+    b.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE")
+    b.add_argument("--sizes", type=_sizes, default=None, metavar="N1,N2",
+                   help="elements of the largest tensor argument (default 1e3,1e5,1e6)")
+    b.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu (default) or cuda")
+    b.add_argument("--min-time", type=float, default=0.2, metavar="SECONDS",
+                   help="seconds each measurement runs at least (default 0.2)")
+    b.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    b.add_argument("--html", default=None, metavar="FILE",
+                   help="write an HTML page with plots of time and memory against size")
     q = sub.add_parser("list", help="list the specs found in the targets and their contracts")
     q.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE")
+    for command in (p, q):
+        command.add_argument("-k", dest="keyword", default=None, metavar="EXPR",
+                             help="only the specs whose name matches EXPR (pytest's -k: "
+                                  "case-insensitive substrings with and, or, not, parentheses)")
     lab = sub.add_parser("lab", help="write the function lab page (and open it with --open)",
                          description="Write the function lab: a self-contained page on why a "
                          "backward rule must know which forward input it belongs to; its "
@@ -121,32 +161,30 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
         return _lab(args, out, err)
 
     import equiv
-    from equiv._loader import TargetNotFound, load_target
 
-    if os.getcwd() not in sys.path:  # like `python -m`: modules of the current folder import
-        sys.path.insert(0, os.getcwd())
-    specs: list[Any] = []
-    for target in args.targets:
-        try:
-            found = load_target(target)
-        except TargetNotFound as e:
-            print(f"equiv: {e}", file=err)
+    _search_path(from_command_line=argv is None)
+    if args.command == "check":
+        problem = _prepare_reports(args)
+        if problem:
+            print(f"equiv: {problem}; nothing was run.", file=err)
             return EXIT_USAGE
-        except KeyboardInterrupt:
-            print("equiv: interrupted", file=err)
-            return EXIT_INTERRUPTED
-        except BaseException as e:  # the user's module failed (SystemExit too): exit 2
-            print(f"equiv: could not import {target}:", file=err)
-            traceback.print_exception(type(e), e, e.__traceback__, file=err)
-            return EXIT_USAGE
-        specs += [s for s in found if all(s.name != t.name for t in specs)]
-    if not specs:
-        print(f"equiv: no specs found in {' '.join(args.targets)} (decorate implementations "
-              "with @equivalent_to).", file=err)
-        return EXIT_USAGE
+    specs = _load(args, err)
+    if isinstance(specs, int):
+        return specs
     if args.command == "list":
         _list(specs, out)
+        _registered(args, out)
         return EXIT_OK
+    if args.command == "bench":
+        from equiv import _bench
+
+        try:
+            return _bench.main(specs, sizes=args.sizes, device=args.device,
+                               min_time=args.min_time, json_path=args.json,
+                               html_path=args.html, out=out, err=err)
+        except equiv.InvalidArgument as e:
+            print(f"equiv: {e}", file=err)
+            return EXIT_USAGE
     try:
         specs = _placed(specs, args.reference_dtype, args.reference_device)
     except equiv.InvalidArgument as e:
@@ -154,7 +192,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
         return EXIT_USAGE
 
     overrides: dict[str, Any] = {}
-    for name in ("modes", "devices", "max_examples"):
+    for name in ("modes", "devices", "max_examples", "timeout"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     try:
@@ -172,6 +210,109 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
         return _check(args, specs, out, err)
     finally:
         equiv.settings._pop_session(previous)
+
+
+def _search_path(from_command_line: bool) -> None:
+    """Modules of the current folder import (as with ``python -m``), from the end of
+    ``sys.path``: a target named like a module equiv or torch imports (``html.py``,
+    ``sympy.py``) cannot hide it. Run as a command, the current folder ``python -m`` put first
+    moves to the end too."""
+    cwd = os.getcwd()
+    if from_command_line:
+        sys.path[:] = [p for p in sys.path if p not in ("", cwd)]
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
+def _prepare_reports(args: argparse.Namespace) -> str | None:
+    """Validate --json/--html, make them absolute and remove stale reports there (before any
+    user code runs); the problem, or None."""
+    from pathlib import Path
+
+    from equiv._reports import ReportPathError, prepare
+
+    sources = [Path(t) for t in args.targets if Path(t).is_file()]
+    for t in args.targets:
+        if Path(t).is_dir():
+            sources += Path(t).glob("*.py")
+    try:
+        paths = prepare([("--json", args.json), ("--html", args.html)], sources)
+    except ReportPathError as e:
+        return str(e)
+    except OSError as e:
+        return f"a stale report could not be removed ({e})"
+    args.json, args.html = paths.get("--json"), paths.get("--html")
+    return None
+
+
+def _load(args: argparse.Namespace, err: TextIO) -> list[Any] | int:
+    """The specs of every target, selected by -k; an exit status when there are none (each
+    target must register at least one). Sets ``args.found``: (target, specs it registered)."""
+    from equiv._loader import TargetNotFound, load_target
+
+    specs: list[Any] = []
+    args.found = []
+    for target in args.targets:
+        try:
+            found = load_target(target)
+        except TargetNotFound as e:
+            print(f"equiv: {_visible(str(e))}", file=err)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            print("equiv: interrupted", file=err)
+            return EXIT_INTERRUPTED
+        except BaseException as e:  # the user's module failed (SystemExit too): exit 2
+            print(f"equiv: could not import {target}:", file=err)
+            print(_visible("".join(traceback.format_exception(type(e), e, e.__traceback__))),
+                  end="", file=err)
+            return EXIT_USAGE
+        if not found:
+            print(f"equiv: no specs found in {target}: importing it registered no spec "
+                  "(decorate implementations with @equivalent_to, or call "
+                  "equivalent_to(ref, ...)(impl) in it).", file=err)
+            return EXIT_USAGE
+        args.found.append((target, len(found)))
+        specs += [s for s in found if all(s.name != t.name for t in specs)]
+    chosen = _selected(specs, args.keyword, err)
+    args.selected = None if isinstance(chosen, int) else (len(chosen), len(specs))
+    return chosen
+
+
+def _selected(specs: list[Any], keyword: str | None, err: TextIO) -> list[Any] | int:
+    """The specs whose name matches ``-k EXPR`` (all without one)."""
+    if keyword is None:
+        return specs
+    from equiv._compat import keyword_matcher
+
+    try:
+        matches = keyword_matcher(keyword)
+    except ValueError as e:
+        print(f"equiv: -k {keyword!r}: {e}", file=err)
+        return EXIT_USAGE
+    chosen = [s for s in specs if matches(s.name)]
+    if not chosen:
+        print(f"equiv: -k {keyword!r} matches none of the {len(specs)} specs found "
+              f"({', '.join(_visible(s.name, lines=False) for s in specs[:8])}"
+              f"{', ...' if len(specs) > 8 else ''}).", file=err)
+        return EXIT_USAGE
+    return chosen
+
+
+def _registered(args: argparse.Namespace, out: TextIO) -> None:
+    """One line per target: how many specs importing it registered (before -k)."""
+    print(file=out)
+    for target, n in getattr(args, "found", ()):
+        print(f"equiv: {_visible(target, lines=False)}: {n} spec{'s' if n != 1 else ''} "
+              "registered", file=out)
+    if args.keyword is not None and getattr(args, "selected", None):
+        print(f"equiv: -k {_visible(args.keyword, lines=False)} selected "
+              f"{args.selected[0]} of {args.selected[1]} specs", file=out)
+
+
+def _visible(text: Any, lines: bool = True) -> str:
+    from equiv._reports import visible
+
+    return visible(text, lines=lines)
 
 
 def _lab(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -196,10 +337,10 @@ def _lab(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _list(specs: list[Any], out: TextIO) -> None:
     for s in specs:
         tol = "dtype default" if s.rtol is None else f"rtol={s.rtol:g}, atol={s.atol:g}"
-        print(f"{s.name}", file=out)
-        print(f"  reference: {s.reference}", file=out)
-        print(f"  signature: {s.impl.__name__ if hasattr(s.impl, '__name__') else s.name}"
-              f"{s.signature}", file=out)
+        print(_visible(s.name, lines=False), file=out)
+        print(f"  reference: {_visible(s.reference, lines=False)}", file=out)
+        print(_visible(f"  signature: {s.impl.__name__ if hasattr(s.impl, '__name__') else s.name}"
+                       f"{s.signature}", lines=False), file=out)
         print(f"  mutates:   {dict(s.mutates) or '{} (pure)'}", file=out)
         print(f"  inputs:    {'derived from the signature' if s.derived_inputs else 'given'}"
               f"; {len(s.examples)} explicit example(s); tolerance: {tol}", file=out)
@@ -214,12 +355,6 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
     import equiv
     from equiv._results import LABELS, combinations, document, linked, nothing_ran
 
-    for option in ("json", "html"):
-        problem = _unwritable(getattr(args, option))
-        if problem:
-            print(f"equiv: --{option} {getattr(args, option)}: {problem}; nothing was run.",
-                  file=err)
-            return EXIT_USAGE
     cfg = equiv.settings.default()
     seed_text = "derandomized" if cfg.derandomize else f"--seed={cfg.seed}"
     print(f"equiv: profile={cfg.profile} modes={','.join(map(str, cfg.modes))} "
@@ -228,53 +363,61 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
     tasks = [(s, m, d) for s in specs for m, d in combinations(s, cfg)]
     results: list[Any] = []
     interrupted = False
+    pid = os.getpid()
     try:
         _run_tasks(tasks, results, args, err)
     except KeyboardInterrupt:  # show what finished, then stop with 130
         interrupted = True
+    if os.getpid() != pid:  # a process user code forked: only the one that started reports
+        os._exit(0)
     if not interrupted:
         results[:] = nothing_ran(results)
     links = linked(results)
     _table(results, out, links)
+    _registered(args, out)
     skipped = [r for r in results if r.verdict == "skipped"]
     if skipped:  # what was not checked, and why (one line each)
         print(file=out)
         for r in skipped:
-            print(f"skipped: {r.spec} [{r.mode}-{r.device}]: {r.reason.splitlines()[0][:200]}",
-                  file=out)
+            print(_visible(f"skipped: {r.spec} [{r.mode}-{r.device}]: "
+                           f"{(r.reason.splitlines() or [''])[0][:200]}", lines=False), file=out)
     unchecked = [(r, n) for r in results if r.verdict == "pass" and r.report is not None
                  for n in r.report.notes if " not compared" in n]
     if unchecked:  # a pass that left something out says what (one line each)
         print(file=out)
         for r, note in unchecked:
-            print(f"not compared: {r.spec} [{r.mode}-{r.device}]: {note}", file=out)
+            print(_visible(f"not compared: {r.spec} [{r.mode}-{r.device}]: {note}",
+                           lines=False), file=out)
     for ri, r in enumerate(results):
         if r.verdict in ("pass", "skipped"):
             continue
         print(file=out)
-        print(f"== {r.label}: {r.spec} [{r.mode}-{r.device}] ==", file=out)
+        print(_visible(f"== {r.label}: {r.spec} [{r.mode}-{r.device}] ==", lines=False),
+              file=out)
         if r.report is not None and r.report.findings:
-            print(_rendered(results, ri, links), file=out)
+            print(_visible(_rendered(results, ri, links)), file=out)
         else:
-            print(r.reason, file=out)
+            print(_visible(r.reason), file=out)
     counts = {v: sum(r.verdict == v for r in results) for v in LABELS}
     print(file=out)
     print(", ".join(f"{n} {LABELS[v]}" for v, n in counts.items() if n) or "nothing finished",
           file=out)
-    if interrupted:
-        print(f"equiv: interrupted after {len(results)} of {len(tasks)} runs "
-              f"(spec x mode x device); no report files written.", file=out)
-        return EXIT_INTERRUPTED
     reproduce = _reproduce(args, cfg)
+    if args.json or args.html:  # an interrupted run's report says it is incomplete
+        doc = document(results, tool="equiv check", profile=cfg.profile,
+                       seed=None if cfg.derandomize else cfg.seed, modes=cfg.modes,
+                       devices=cfg.devices, max_examples=cfg.max_examples, reproduce=reproduce,
+                       complete=not interrupted)
+        if not _write_reports(args, doc, err):
+            return EXIT_USAGE
+    if interrupted:
+        written = " (marked incomplete)" if args.json or args.html else ""
+        print(f"equiv: interrupted after {len(results)} of {len(tasks)} runs "
+              f"(spec x mode x device); report files{written} hold only those.", file=out)
+        return EXIT_INTERRUPTED
     if any(r.verdict in ("fail", "not-compiled", "error") for r in results) \
             and not cfg.derandomize:
         print(f"Reproduce: {reproduce}", file=out)
-    if args.json or args.html:
-        doc = document(results, tool="equiv check", profile=cfg.profile,
-                       seed=None if cfg.derandomize else cfg.seed, modes=cfg.modes,
-                       devices=cfg.devices, max_examples=cfg.max_examples, reproduce=reproduce)
-        if not _write_reports(args, doc, err):
-            return EXIT_USAGE
     if counts["error"]:
         return EXIT_USAGE
     if counts["fail"] or counts["not-compiled"]:
@@ -318,22 +461,9 @@ def _run_tasks(tasks: list[Any], results: list[Any], args: argparse.Namespace,
             bar.advance(job)
 
 
-def _unwritable(path: str | None) -> str | None:
-    """Why a report file cannot be written at ``path`` (checked before the run), or None."""
-    if not path:
-        return None
-    existed = os.path.exists(path)
-    try:
-        with open(path, "a", encoding="utf-8"):
-            pass
-    except OSError as e:
-        return f"cannot write there ({e.strerror or e})"
-    if not existed:
-        os.remove(path)
-    return None
-
-
 def _write_reports(args: argparse.Namespace, doc: dict[str, Any], err: TextIO) -> bool:
+    """Write the reports at their absolute paths, each atomically."""
+    from equiv._reports import write_atomic
     from equiv._results import write_json
 
     try:
@@ -342,8 +472,7 @@ def _write_reports(args: argparse.Namespace, doc: dict[str, Any], err: TextIO) -
         if args.html:
             from equiv._html import render_html
 
-            with open(args.html, "w", encoding="utf-8") as fh:
-                fh.write(render_html(doc))
+            write_atomic(args.html, render_html(doc))
     except OSError as e:
         print(f"equiv: could not write a report file: {e}", file=err)
         return False
@@ -371,7 +500,8 @@ def _table(results: list[Any], out: TextIO, links: dict[tuple[int, int], Any]) -
         valid = r.report.examples_run - r.report.invalid_examples if r.report else None
         n = len(r.report.findings) if r.report else 0
         roots = sum(links.get((ri, i)) is None for i in range(n))
-        rows.append((r.spec, r.mode, r.device, r.label,
+        rows.append((_visible(r.spec, lines=False), _visible(r.mode, lines=False),
+                     _visible(r.device, lines=False), r.label,
                      str(valid) if r.report else "-",
                      (str(roots) + (f" (+{n - roots})" if n > roots else "")) if r.report
                      else "-"))
@@ -383,9 +513,12 @@ def _table(results: list[Any], out: TextIO, links: dict[tuple[int, int], Any]) -
 
 
 def _reproduce(args: argparse.Namespace, cfg: Any) -> str:
-    parts = ["equiv", "check", *args.targets, f"--profile={cfg.profile}",
+    keyword = ["-k", args.keyword] if getattr(args, "keyword", None) is not None else []
+    parts = ["equiv", "check", *args.targets, *keyword, f"--profile={cfg.profile}",
              f"--modes={','.join(map(str, cfg.modes))}", f"--devices={','.join(cfg.devices)}",
              f"--max-examples={cfg.max_examples}"]
     if not cfg.derandomize:
         parts.append(f"--seed={cfg.seed}")
-    return " ".join(f"'{p}'" if any(c in p for c in "[] ") else p for p in parts)
+    if args.timeout is not None:
+        parts.append(f"--timeout={args.timeout:g}")
+    return " ".join(f"'{p}'" if any(c in p for c in "[] ()") else p for p in parts)

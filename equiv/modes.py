@@ -13,6 +13,10 @@ A *mode* wraps how the implementation (and, for attribution, the reference) is c
 - ``vmap`` -- ``torch.func.vmap`` of impl against ``vmap`` of ref, batch dimension first and last.
 - ``jvp`` -- forward-mode AD: ``torch.func.jvp`` of impl against ``jvp`` of ref (outputs and
   final values of mutated arguments, one random tangent).
+- ``autocast[bfloat16]``, ``autocast[float16]`` -- both sides' forwards under
+  ``torch.autocast(device_type, dtype)`` (the device type of the first tensor argument), their
+  backwards outside it, as a training step runs them; judged by the low-precision rules of
+  :mod:`equiv.numerics` (the float64 oracle is not autocast). Opt-in: not in any profile.
 
 Honesty: compilations and graph breaks are counted per (spec, mode) by a counting backend
 wrapper and Dynamo's graph-break counter; the recompile limit is raised per run and hitting it is
@@ -32,6 +36,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from equiv._compat import tree_flatten
 from equiv.errors import InvalidArgument
 
 __all__ = ["Mode", "compiled", "parse_mode", "MODE_NAMES"]
@@ -39,10 +44,12 @@ __all__ = ["Mode", "compiled", "parse_mode", "MODE_NAMES"]
 #: the stable mode names (reports, pytest ids, options)
 MODE_NAMES: tuple[str, ...] = (
     "eager", "compile[eager]", "compile[aot_eager]", "compile[inductor]", "functionalize",
-    "vmap", "jvp",
+    "vmap", "jvp", "autocast[bfloat16]", "autocast[float16]",
 )
 
-_KINDS = ("eager", "compile", "functionalize", "vmap", "jvp")
+_KINDS = ("eager", "compile", "functionalize", "vmap", "jvp", "autocast")
+#: the low-precision dtypes an autocast mode runs in
+AUTOCAST_DTYPES = ("bfloat16", "float16")
 
 #: checks each non-compile transform can run through the core (the rest are not applicable)
 _FUNCTIONALIZE_CHECKS = ("error-parity", "forward", "mutation", "aliasing", "output-stability")
@@ -60,14 +67,22 @@ class Mode:
     dynamic: bool | None = None
     recompile_limit: int = DEFAULT_RECOMPILE_LIMIT
     name: str = ""
+    #: autocast modes: the low-precision dtype's name
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise InvalidArgument(f"Mode(kind={self.kind!r}): one of {list(_KINDS)}.")
+        if (self.kind == "autocast") != (self.dtype in AUTOCAST_DTYPES):
+            raise InvalidArgument(
+                f"Mode(kind={self.kind!r}, dtype={self.dtype!r}): an autocast mode takes a dtype "
+                f"from {list(AUTOCAST_DTYPES)}, the other kinds none.")
         if not self.name:
             object.__setattr__(self, "name", self._default_name())
 
     def _default_name(self) -> str:
+        if self.kind == "autocast":
+            return f"autocast[{self.dtype}]"
         if self.kind != "compile":
             return self.kind
         b = self.backend if isinstance(self.backend, str) else getattr(
@@ -114,6 +129,8 @@ def parse_mode(mode: "str | Mode") -> Mode:
         raise InvalidArgument(f"modes=...: give mode names or equiv.compiled(...), got {mode!r}.")
     if mode in ("eager", "functionalize", "vmap", "jvp"):
         return Mode(mode)
+    if mode.startswith("autocast[") and mode.endswith("]") and mode[9:-1] in AUTOCAST_DTYPES:
+        return Mode("autocast", dtype=mode[9:-1])
     m = _COMPILE_RE.match(mode)
     if m:
         opts = [o for o in m.group(2).split(",") if o]
@@ -134,6 +151,18 @@ def parse_mode(mode: "str | Mode") -> Mode:
         f"unknown mode {mode!r}; available modes: {list(MODE_NAMES)} (options: "
         "'compile[aot_eager,fullgraph]'), or equiv.compiled(backend, ...)."
     )
+
+
+def autocasting(fn: Callable[..., Any], dtype: torch.dtype) -> Callable[..., Any]:
+    """``fn`` called under ``torch.autocast`` in ``dtype`` on the device type of its first
+    tensor argument (CPU when it has none)."""
+    def out(*args: Any, **kwargs: Any) -> Any:
+        flat = tree_flatten((args, kwargs))[0]
+        first = next((a for a in flat if isinstance(a, torch.Tensor)), None)
+        device = first.device.type if first is not None else "cpu"
+        with torch.autocast(device_type=device, dtype=dtype):
+            return fn(*args, **kwargs)
+    return out
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -265,6 +294,8 @@ class ModeRun:
             def out(*args: Any, **kwargs: Any) -> Any:
                 with torch.no_grad():
                     return f(*args, **kwargs)
+        elif kind == "autocast":
+            out = autocasting(fn, getattr(torch, str(self.mode.dtype)))
         else:
             out = fn
         self._compiled[side] = out
@@ -277,12 +308,17 @@ class ModeRun:
         real = _compat.lookup_backend(backend) if isinstance(backend, str) else backend
 
         def counting_backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
-            self.compilations[side] += 1
+            # a graph of no op (inputs straight to outputs) compiled nothing of the side
+            self.compilations[side] += _compat.graph_has_ops(gm)
             return real(gm, example_inputs, **kwargs)
 
         counting_backend.__name__ = f"equiv_counting_{getattr(real, '__name__', 'backend')}"
-        compiled_fn = torch.compile(fn, backend=counting_backend, fullgraph=self.mode.fullgraph,
-                                    dynamic=self.mode.dynamic)
+        target = fn
+        if _compat.compile_disabled(fn):  # torch.compile(f) would trace f's undecorated body
+            def target(*args: Any, **kwargs: Any) -> Any:
+                return fn(*args, **kwargs)
+        compiled_fn = torch.compile(target, backend=counting_backend,
+                                    fullgraph=self.mode.fullgraph, dynamic=self.mode.dynamic)
         limit_errors = _compat.recompile_limit_error()
 
         def call(*args: Any, **kwargs: Any) -> Any:

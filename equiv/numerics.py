@@ -406,6 +406,45 @@ def _rounding_line(m: NumericMismatch) -> str:
             "where intended)")
 
 
+#: the oracle is not valid for a value when the reference at the value's dtype and in float64
+#: differ by more than this share of the values' size (or ``ORACLE_INVALID_ULPS`` ULPs of it,
+#: if larger): no rounding does that; a reference drawing random numbers in its compute dtype
+#: (a dropout mask) does, and so does one that is another function in float64
+ORACLE_INVALID_SHARE = 0.05
+ORACLE_INVALID_ULPS = 64.0
+
+
+def oracle_disagreement(oracle: torch.Tensor, baseline: torch.Tensor, dtype: torch.dtype,
+                        magnitude: torch.Tensor | None = None,
+                        example_size: float | None = None) -> tuple[float, float] | None:
+    """``(max |baseline - oracle|, size)`` when the reference at ``dtype`` (the baseline) and in
+    float64 (the oracle) differ far beyond ``dtype``'s rounding of the values (the larger of
+    ``ORACLE_INVALID_SHARE`` x and ``ORACLE_INVALID_ULPS`` ULPs of ``size``, the largest finite
+    ``|oracle|``, ``|baseline|``, ``magnitude`` of their terms, or ``example_size``: the largest
+    value the example feeds the reference, the size cancellation rounds at), else None: then
+    the oracle is another function for this example and cannot judge it. Elements where either
+    is inf/NaN are left out."""
+    o, b = _to64(oracle), _to64(baseline)
+    if o.shape != b.shape or o.numel() == 0:
+        return None
+    fin = torch.isfinite(o) & torch.isfinite(b)
+    if not bool(fin.any()):
+        return None
+    zero = torch.zeros((), dtype=torch.float64)
+    diff = float(torch.where(fin, (b - o).abs(), zero).max())
+    size = max(float(torch.where(fin, o.abs(), zero).max()),
+               float(torch.where(fin, b.abs(), zero).max()))
+    if example_size is not None and math.isfinite(example_size):
+        size = max(size, example_size)
+    if magnitude is not None:
+        m = _to64(magnitude)
+        size = max(size, float(torch.nan_to_num(m, nan=0.0, posinf=0.0).max()) if m.numel()
+                   else 0.0)
+    limit = max(ORACLE_INVALID_SHARE * size,
+                ORACLE_INVALID_ULPS * float(ulp(torch.tensor(size), dtype)))
+    return (diff, size) if diff > limit else None
+
+
 def oracle_name(dtype: str) -> str:
     """The oracle's dtype name for a result of dtype ``dtype`` ("float32", "torch.complex64")."""
     return "complex128" if "complex" in dtype else "float64"
@@ -415,17 +454,34 @@ def oracle_name(dtype: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class FiniteDifference:
     """``<cotangent, J v>`` by central differences (``value``) against the implementation's
-    ``<vjp(cotangent), v>`` (``analytic``), and the tolerance between them."""
+    ``<vjp(cotangent), v>`` (``analytic``), and the tolerance between them: ``fd_error`` (the
+    difference's own error, estimated from two step sizes) + ``rounding`` (the implementation
+    dtype's rounding of the gradient's terms)."""
 
     value: float
     analytic: float
     tolerance: float
     step: float
     skipped: tuple[str, ...] = ()  # leaves not perturbed (complex, integer)
+    fd_error: float = 0.0
+    rounding: float = 0.0
+    #: elements of the implementation's gradient that are inf/NaN, left out of the direction
+    #: because the reference's outputs are inf/NaN too; negative: that many inf/NaN where the
+    #: reference's outputs are all finite (a mismatch)
+    nonfinite: int = 0
 
     @property
     def ok(self) -> bool:
+        if self.nonfinite < 0:
+            return False
+        if math.isnan(self.value) and math.isnan(self.analytic):
+            return True  # NaN equals NaN
         return abs(self.value - self.analytic) <= self.tolerance
+
+
+#: how many times the two step sizes' difference the finite difference's error is allowed: an
+#: O(h^2) error is a third of it, an O(h) one (at a kink of the derivative) all of it
+FD_ERROR_FACTOR = 2.0
 
 
 def _is_none(x: Any) -> bool:
@@ -439,8 +495,12 @@ def random_direction(args: Any, seed: int = 0) -> Any:
     gen = torch.Generator().manual_seed(seed)
     vs = [torch.randn(v.shape, generator=gen, dtype=torch.float64)
           if isinstance(v, torch.Tensor) and v.dtype.is_floating_point else None for v in flat]
+    return tree_unflatten(_unit(vs), spec)
+
+
+def _unit(vs: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
     norm = math.sqrt(sum(float((v * v).sum()) for v in vs if v is not None)) or 1.0
-    return tree_unflatten([None if v is None else v / norm for v in vs], spec)
+    return [None if v is None else v / norm for v in vs]
 
 
 def _as_tensors(result: Any) -> list[torch.Tensor]:
@@ -448,21 +508,32 @@ def _as_tensors(result: Any) -> list[torch.Tensor]:
             if isinstance(v, torch.Tensor) or hasattr(v, "__array__")]
 
 
-def _inner(cot: list[torch.Tensor], out: list[torch.Tensor]) -> tuple[float, float]:
-    """(Re <c, f>, sum |c||f|), in float64."""
-    total, scale = 0.0, 0.0
-    for c, f in zip(cot, out):
-        c, f = _to64(c), _to64(f)
-        total += float((c.conj() * f).real.sum())
-        scale += float((c.abs() * f.abs()).sum())
-    return total, scale
+def _difference(cot: list[torch.Tensor], plus: list[torch.Tensor],
+                minus: list[torch.Tensor]) -> tuple[float, float, bool]:
+    """(Re <c, f+ - f->, sum |c| (|f+| + |f-|) / 2 over finite values, whether any value is
+    inf/NaN), in float64. An element that is the same inf or NaN at both points counts 0
+    (NaN equals NaN); one that changes between them makes the difference inf/NaN."""
+    total, scale, nonfinite = 0.0, 0.0, False
+    for c, p, m in zip(cot, plus, minus):
+        c, p, m = _to64(c), _to64(p), _to64(m)
+        fin = torch.isfinite(p) & torch.isfinite(m)
+        nonfinite = nonfinite or not bool(fin.all())
+        d = torch.where(_same_nonfinite(p, m), torch.zeros((), dtype=p.dtype), p - m)
+        total += float((c.conj() * d).real.sum())
+        size = torch.where(fin, p.abs() + m.abs(), torch.zeros((), dtype=torch.float64))
+        scale += float((c.abs() * size).sum()) / 2
+    return total, scale, nonfinite
 
 
 def fd_vjp(fn: Callable[..., Any], args: tuple, cotangent: Any, direction: Any, *,
-           eps: float | None = None) -> tuple[float, float, float]:
+           eps: float | None = None) -> tuple[float, float, float, bool]:
     """``<cotangent, J v>`` of ``fn`` at ``args`` along ``direction`` by central differences in
-    float64: two calls of ``fn``. Returns (value, step, error bound of the difference: float64
-    rounding ``u * sum|c||f| / h`` plus truncation ``h**2 * (|value| + sum|c||f|)``)."""
+    float64 at two steps, ``h`` and ``h/2``: four calls of ``fn``. Returns (the ``h/2``
+    estimate, ``h/2``, its error bound, whether an output was inf/NaN). The bound is
+    ``FD_ERROR_FACTOR x`` the two estimates' difference (the truncation error: a third of it
+    where the reference is smooth, all of it where its derivative has a kink along the
+    direction, where central differences are O(h)), float64 rounding ``u * sum|c||f| / h`` and
+    the a-priori ``h**2 * (|value| + sum|c||f|)``."""
     a_flat, a_spec = tree_flatten(args, is_leaf=_is_none)
     d_flat = direction if isinstance(direction, list) and len(direction) == len(a_flat) \
         else tree_flatten(direction, is_leaf=_is_none)[0]
@@ -473,51 +544,67 @@ def fd_vjp(fn: Callable[..., Any], args: tuple, cotangent: Any, direction: Any, 
     h = eps if eps is not None else torch.finfo(torch.float64).eps ** (1 / 3) * scale_x
     cot = [c for c in tree_flatten(cotangent)[0] if isinstance(c, torch.Tensor)]
 
-    def at(sign: float) -> tuple[float, float]:
-        moved = [a.detach().to(torch.float64) + sign * h * d if d is not None else a
+    def at(step: float) -> list[torch.Tensor]:
+        moved = [a.detach().to(torch.float64) + step * d if d is not None else a
                  for a, d in zip(a_flat, d_flat)]
         with torch.no_grad():
-            return _inner(cot, _as_tensors(fn(*tree_unflatten(moved, a_spec))))
+            return _as_tensors(fn(*tree_unflatten(moved, a_spec)))
 
-    (plus, s_plus), (minus, s_minus) = at(1.0), at(-1.0)
-    value = (plus - minus) / (2 * h)
-    scale = (s_plus + s_minus) / 2
-    error = torch.finfo(torch.float64).eps * scale / h + h * h * (abs(value) + scale)
-    return value, h, error
+    estimates = []
+    for step in (h, h / 2):
+        total, scale, nonfinite = _difference(cot, at(step), at(-step))
+        estimates.append((total / (2 * step), scale, nonfinite))
+    (coarse, _, nf1), (value, scale, nf2) = estimates
+    u = torch.finfo(torch.float64).eps
+    error = (FD_ERROR_FACTOR * abs(coarse - value) + u * scale / (h / 2)
+             + h * h * (abs(value) + scale))
+    return value, h / 2, error, nf1 or nf2
 
 
 def check_vjp_fd(fn: Callable[..., Any], args: tuple, cotangent: Any, impl_grads: Any, *,
                  dtype: torch.dtype, seed: int = 0, ulps: float = 8.0,
-                 eps: float | None = None) -> FiniteDifference:
+                 eps: float | None = None, terms: Any = None) -> FiniteDifference:
     """Compare the implementation's VJP ``impl_grads`` (shaped like ``args``, None where no
     gradient) with central differences of ``fn`` (the reference, called in float64) along one
     random direction, then along the implementation's own gradient (which no sign or scale
-    error survives): four calls of ``fn``. Returns the first failing comparison, else the
-    random one. Tolerance: the difference's error bound plus ``ulps`` ULPs of ``dtype`` on
-    ``||g * v||_2`` (the implementation's rounding, independent per element). Complex and
-    integer arguments are not perturbed (listed in ``skipped``)."""
+    error survives): eight calls of ``fn`` (two step sizes each). Returns the first failing
+    comparison, else the random one. Tolerance: the difference's error estimate
+    (:func:`fd_vjp`) plus ``ulps`` ULPs of ``dtype`` on ``||T * v||_2``, ``T`` the size of each
+    gradient element's terms (``terms``, shaped like ``args``, e.g. an expanded argument's
+    summed ``|term|``; at least ``|g|``): the implementation's rounding, independent per
+    element. Elements where the implementation's gradient is inf/NaN are left out when the
+    reference's outputs are inf/NaN too (NaN equals NaN), else the comparison fails. Complex
+    and integer arguments are not perturbed (listed in ``skipped``)."""
     args64 = upcast(args)
     cot = [upcast(c) for c in tree_flatten(cotangent)[0]]
     g_flat = tree_flatten(impl_grads, is_leaf=_is_none)[0]
-    random = random_direction(args64, seed)
-    d_rand = tree_flatten(random, is_leaf=_is_none)[0]
-    aligned = [None if d is None or not isinstance(g, torch.Tensor) else
-               _to64(g).reshape(d.shape) for g, d in zip(g_flat, d_rand)]
-    norm = math.sqrt(sum(float((v * v).sum()) for v in aligned if v is not None)) or 1.0
+    t_flat = [None] * len(g_flat) if terms is None else tree_flatten(terms, is_leaf=_is_none)[0]
+    d_rand = tree_flatten(random_direction(args64, seed), is_leaf=_is_none)[0]
+    grads = [None if d is None or not isinstance(g, torch.Tensor) else
+             _to64(g).reshape(d.shape) for g, d in zip(g_flat, d_rand)]
+    finite = [None if g is None else torch.isfinite(g) for g in grads]
+    bad = sum(int((~f).sum()) for f in finite if f is not None)
+    grads = [None if g is None else torch.where(f, g, 0.0) for g, f in zip(grads, finite)]
+    sizes = [None if g is None else g.abs() if t is None else torch.where(f, torch.maximum(
+             g.abs(), torch.nan_to_num(_to64(t).reshape(g.shape), nan=0.0, posinf=0.0)), 0.0)
+             for g, t, f in zip(grads, t_flat, finite)]
+    d_rand = _unit([d if f is None else d * f for d, f in zip(d_rand, finite)])
     skipped = tuple(keystr(p) for (p, a), d in zip(
         tree_flatten_with_path(args, is_leaf=_is_none)[0], d_rand)
         if isinstance(a, torch.Tensor) and d is None)
-    results = []
-    for d_flat in (d_rand, [None if v is None else v / norm for v in aligned]):
-        value, h, fd_err = fd_vjp(fn, args64, cot, d_flat, eps=eps)
-        analytic, g_sq = 0.0, 0.0
-        for g, d in zip(g_flat, d_flat):
-            if d is not None and isinstance(g, torch.Tensor):
-                gv = _to64(g).reshape(d.shape) * d
-                analytic += float(gv.sum())
-                g_sq += float((gv * gv).sum())
-        tol = fd_err + ulps * torch.finfo(_real(dtype)).eps * math.sqrt(g_sq)
-        results.append(FiniteDifference(value, analytic, tol, h, skipped))
+    results, seen_nonfinite = [], False
+    for d_flat in (d_rand, _unit(grads)):
+        value, h, fd_err, nonfinite = fd_vjp(fn, args64, cot, d_flat, eps=eps)
+        seen_nonfinite = seen_nonfinite or nonfinite
+        analytic = sum(float((g * d).sum()) for g, d in zip(grads, d_flat)
+                       if g is not None and d is not None)
+        size = math.sqrt(sum(float(((s * d) ** 2).sum()) for s, d in zip(sizes, d_flat)
+                             if s is not None and d is not None))
+        rounding = ulps * torch.finfo(_real(dtype)).eps * size
+        results.append(FiniteDifference(value, analytic, fd_err + rounding, h, skipped,
+                                        fd_err, rounding, bad))
+    if bad and not seen_nonfinite:  # inf/NaN in the gradient where the reference is finite
+        results.insert(0, dataclasses.replace(results[0], analytic=math.nan, nonfinite=-bad))
     return next((r for r in results if not r.ok), results[0])
 
 

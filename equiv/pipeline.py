@@ -22,6 +22,8 @@ from equiv._contracts import ErrorArgs
 from equiv._settings import settings as Settings
 from equiv.checks import (
     aliasing,
+    batch_invariance,
+    determinism,
     double_backward,
     error_parity,
     forward,
@@ -50,7 +52,7 @@ from equiv.variants import CONTIGUOUS, CotangentVariant, poisoning
 _MODULES: dict[str, ModuleType] = {m.NAME: m for m in (
     error_parity, forward, mutation, aliasing, no_grad, gradients, repeated_backward, mark_dirty,
     needs_input_grad, double_backward, opcheck, output_stability, state_across_calls, schedule,
-    memory)}
+    determinism, batch_invariance, memory)}
 
 assert set(_MODULES) == set(ROWS), "every catalog row needs exactly one check module"
 assert all(_MODULES[r.name].__name__ == f"equiv.checks.{r.module}" for r in CATALOG)
@@ -125,7 +127,8 @@ def _execute(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun
         if run is not None:
             _run_checks(cfg, run, sink, "jvp")
         return Outcome(sink.findings, None, sink.notes, sink.template)
-    place = place or Placement(mode.name, mode.kind, device, state.impl_fn(), None,
+    place = place or Placement(mode.name, mode.kind, device, state.impl_fn(),
+                               state.ref_fn() if mode.kind == "autocast" else None,
                                state.ref_device, state.ref_dtype)
     if spec.write_only:  # the implementation's side: write-only buffers hold NaN at each call
         place = dataclasses.replace(place, impl_fn=poisoning(
@@ -168,6 +171,15 @@ def _unsupported(exc: BaseException | None) -> bool:
     return exc is not None and any(w in error_text(exc) for w in _TRANSFORM_UNSUPPORTED)
 
 
+def enabled(option: str, spec: Spec, cfg: Settings) -> bool:
+    """The opt-in check behind ``option`` is switched on: by the spec, or for
+    ``deterministic`` by the settings too."""
+    value = getattr(spec, option, None)
+    if value is not None and value is not False:  # batch_invariant=0 is on
+        return True
+    return bool(getattr(cfg, option, False))
+
+
 def _run_checks(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
     _run_rows(cfg, ex, sink, kind)
     for note in getattr(ex, "cache", {}).pop("precision-notes", ()):
@@ -183,6 +195,8 @@ def _run_rows(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
         if row.needs == "clean" and sink.findings:
             continue
         if row.costly and not getattr(ex, "costly", True):
+            continue
+        if row.option and not enabled(row.option, ex.spec, cfg):
             continue
         sink.ran.add(row.name)
         try:

@@ -67,7 +67,8 @@ def tests_for(*targets: Any) -> EquivTests:
             found = specs_in_module(t)
             if not found:
                 raise InvalidArgument(
-                    f"tests_for({t.__name__}): the module defines no @equivalent_to spec.")
+                    f"tests_for({t.__name__}): the module defines no @equivalent_to spec and "
+                    "its import registered none (equivalent_to(ref, ...)(impl) counts).")
             specs.extend(found)
         else:
             specs.append(get_spec(t))
@@ -86,6 +87,10 @@ class EquivItem(pytest.Item):
         super().__init__(**kw)
         self.spec, self.mode, self.device, self._state = spec, mode, device, state
         self.add_marker(pytest.mark.equiv)
+        # in every phase's report: the controller of xdist workers names a crashed item by it
+        self.user_properties.append(("equiv_item", {
+            "spec": spec.name, "implementation": spec.implementation,
+            "reference": spec.reference, "mode": str(mode), "device": device}))
 
     def runtest(self) -> None:
         __tracebackhide__ = True
@@ -118,11 +123,13 @@ class EquivItem(pytest.Item):
         return nowhere_to_run(d for _, d in combinations(self.spec, self._state.effective()))
 
     def repr_failure(self, excinfo: Any, style: Any = None) -> Any:
+        from equiv._reports import visible
+
         exc = excinfo.value
         if isinstance(exc, EquivalenceFailure):
-            return f"{exc.report.render()}\n{self.reproduce_line()}"
+            return visible(f"{exc.report.render()}\n{self.reproduce_line()}")
         if isinstance(exc, (_EquivUsageError, _NotCompiled)):
-            return f"{exc}\n{self.reproduce_line()}"
+            return visible(f"{exc}\n{self.reproduce_line()}")
         return super().repr_failure(excinfo, style=style)
 
     def reproduce_line(self) -> str:
@@ -239,8 +246,22 @@ def _collect_modules(session: Any, state: Any) -> Iterator[Any]:
         yield from node.collect()
 
 
-def _write_reports(state: Any) -> None:
+def crash_row(item: dict[str, Any], message: str) -> dict[str, Any]:
+    """The report row of an item whose process died while running it (a crashed xdist
+    worker: ``os._exit``, a segfault, a kill)."""
+    from equiv._results import Result
+
+    return Result(**item, verdict="error", reason=(
+        f"{message}: the process running this item died (os._exit, a segmentation fault, a "
+        "signal or the out-of-memory killer) before it finished, so nothing about it is "
+        "known; run it alone (pytest -p no:xdist) to see how it ends.")).to_dict()
+
+
+def _write_reports(state: Any, complete: bool = True) -> None:
+    """The JSON and HTML reports of the session, each written atomically; ``complete=False``
+    when the session ended early."""
     from equiv._html import render_html
+    from equiv._reports import write_atomic
     from equiv._results import document, write_json
 
     cfg = state.effective()
@@ -249,9 +270,9 @@ def _write_reports(state: Any) -> None:
                    seed=None if cfg.derandomize else cfg.seed, modes=cfg.modes,
                    devices=cfg.devices, max_examples=cfg.max_examples,
                    reproduce=("pytest " + state.reproduce_flags(",".join(map(str, cfg.modes)),
-                                                                ",".join(cfg.devices))))
+                                                                ",".join(cfg.devices))),
+                   complete=complete)
     if state.report_path:
         write_json(doc, state.report_path)
     if state.html_path:
-        with open(state.html_path, "w", encoding="utf-8") as fh:
-            fh.write(render_html(doc))
+        write_atomic(state.html_path, render_html(doc))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import traceback
 import warnings
 from typing import Any, Callable
 
@@ -11,7 +12,7 @@ import hypothesis
 import torch
 from hypothesis import HealthCheck, Phase
 from hypothesis import strategies as st
-from hypothesis.errors import FlakyFailure, Unsatisfiable
+from hypothesis.errors import DeadlineExceeded, FlakyFailure, Unsatisfiable
 
 from equiv._args import as_args
 from equiv._catalog import CHECK_NAMES
@@ -23,14 +24,15 @@ from equiv._catalog import ROWS
 from equiv.errors import GradientMismatch, InvalidArgument, error_text, user_error
 from equiv.modes import Mode, ModeRun, NotCompiled, device_unavailable, parse_mode
 from equiv._roots import EAGER_TOO, with_causes
-from equiv._watchdog import ExampleTimeout, per_example
-from equiv.execution.calls import isolated
+from equiv._watchdog import ExampleTimeout, deadline_timeout, per_example
+from equiv.execution.calls import isolated, owned_process
 from equiv.execution.record import Placement
 from equiv.pipeline import Outcome, execute_example, narrowed, rows_for
 from equiv.report import Finding, ModeResult, Report
 from equiv.spec import Spec, get_spec
 from equiv.strategies import arguments_for, shapes
 from equiv.strategies._compile import compile_draws, prefer_sides_of_two
+from equiv.roles import roles_of
 from equiv.variants import (
     CONTIGUOUS,
     NO_VARIANT,
@@ -113,7 +115,8 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     cfg = _selection(spec, cfg, mode_objs)
     reference = _reference_placement(spec.reference_device or reference_device,
                                      spec.reference_dtype or reference_dtype)
-    with torch.inference_mode(False), isolated(config=True), torch.enable_grad():
+    with torch.inference_mode(False), isolated(config=True), torch.enable_grad(), \
+            owned_process():
         report = _check(spec, cfg, mode_objs, reference)
     if raise_on_failure and not report.findings and not report.ok:
         first = report.runs[0]
@@ -261,6 +264,8 @@ def _inputs(spec: Spec, cfg: Settings, mode: Mode) -> Any:
     if not spec.derived_inputs:  # compile modes: avoid sides of 0/1, which Dynamo specialises
         return prefer_sides_of_two(spec.inputs) if mode.kind == "compile" else spec.inputs
     dtypes = [getattr(torch, d) for d in cfg.dtypes]
+    if mode.kind == "autocast":  # autocast casts float32 only (float64 runs as written)
+        dtypes = [torch.float32]
     if mode.kind == "compile":
         return arguments_for(spec.signature, dtypes_=dtypes[:1],
                              shape_strategy=shapes(compile_friendly=True, max_dims=2),
@@ -279,7 +284,8 @@ def _hypothesis_test(spec: Spec, cfg: Settings, mode: Mode, device: str, run_see
     # input variants run in eager mode only: under functionalize torch 2.13 crashed (SIGSEGV) on
     # an expanded in-place input, and new strides/aliasing recompile compiled modes
     kinds = spec.variants if mode.kind == "eager" else ()
-    drawn = with_variants(_inputs(spec, cfg, mode), spec.signature, spec.mutates, kinds)
+    drawn = with_variants(_inputs(spec, cfg, mode), spec.signature, spec.mutates, kinds,
+                          roles_of(spec))
     if spec.error_inputs is not None:  # one example in four from error_inputs=
         errors = spec.error_inputs.map(lambda e: (ErrorArgs.of(e), NO_VARIANT))
         drawn = st.integers(0, 3).flatmap(lambda k: errors if k == 0 else drawn)
@@ -324,9 +330,26 @@ class _ModeDriver:
         self.run_seed, self.stats = run_seed, stats
         self.notes: list[str] = []
         self.last_invalid: list[str] = []
+        #: signals raised while Hypothesis searched and shrank: it keeps each in its cache of
+        #: results, so their frames (the example, the record) are cleared once it caught them
+        self.searching: list[tuple[_Found, Any]] = []
+
+    def release(self) -> None:
+        """Drop what the signals of past (non-final) examples hold: their example and the
+        locals of the frames their tracebacks reach (only plain findings stay)."""
+        for e, context in self.searching:
+            e.example = None
+            traceback.clear_frames(e.__traceback__)
+            # the frames' functions keep their closures, and so Hypothesis's context of that
+            # example, whose printers hold the drawn values (used only to print a final one)
+            printers = getattr(context, "known_object_printers", None)
+            if hasattr(printers, "clear"):
+                printers.clear()
+        self.searching.clear()
 
     def __call__(self, example: Any, cot_seed: int, variant: Variant = NO_VARIANT,
                  cotangent: CotangentVariant = CONTIGUOUS) -> None:
+        self.release()  # the previous example has finished: Hypothesis has caught its signal
         state = self.state
         if state.not_compiled is not None or state.unsupported is not None:
             return  # the mode stopped: nothing more is checked (reported, never a pass)
@@ -357,7 +380,12 @@ class _ModeDriver:
             self.stats["first_failure"] = self.stats["first_failure"] or self.stats["runs"]
             state.failing = True
             findings = self._described(outcome, variant, args)
-            raise _signal(findings[0].check)(findings, args, cot_seed, cotangent, costly)
+            signal = _signal(findings[0].check)(findings, args, cot_seed, cotangent, costly)
+            context = _build_context()
+            if context is not None and not getattr(context, "is_final", True):
+                self.searching.append((signal, context))
+            del outcome, args, example
+            raise signal
 
     def _costly(self, cot_seed: int) -> bool:
         """Whether the costly checks run on this example: the first valid example and every
@@ -401,7 +429,10 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
                             "(functionalize does not compose with autograd on mutated inputs)")
     wrapped = _hypothesis_test(spec, cfg, mode, device, run_seed, driver)
     with state.context(), compile_draws(mode.kind == "compile"):
-        found, findings = _drive(spec, mode, device, wrapped, driver.last_invalid)
+        try:
+            found, findings = _drive(spec, mode, device, wrapped, driver.last_invalid)
+        finally:
+            driver.release()
         # distinct bugs in catalog order (Hypothesis reports them in no fixed order)
         found.sort(key=lambda e: CHECK_NAMES.index(e.findings[0].check)
                    if e.findings[0].check in CHECK_NAMES else len(CHECK_NAMES))
@@ -471,7 +502,26 @@ def _unchecked(spec: Spec, cfg: Settings, mode: Mode, device: str, state: ModeRu
                            "make the reference differentiable (torch ops, no .detach() or "
                            "NumPy), or declare equivalent_to(grads=False) if gradients are not "
                            "part of the contract.")]
+    why = state.uncompared.get("batch-invariance", "")
+    if why and "batch-invariance" not in state.compared:
+        return [_run_level(spec, mode, device, "not-checked",
+                           f"batch invariance was compared on no example under {mode.name} "
+                           f"({why.split('(', 1)[-1].rstrip(')')}), which is not a pass.",
+                           "make inputs= draw a batch of 2 or more along the batch_invariant= "
+                           "dim, in tensors that are not views of one another.")]
     return []
+
+
+def _build_context() -> Any:
+    """Hypothesis's context of the running example (its ``is_final``: replaying a minimal
+    example to report it, whose signal then reaches the runner, rather than searching or
+    shrinking); None when there is none."""
+    try:
+        from hypothesis.control import current_build_context
+
+        return current_build_context()
+    except Exception:  # no build context, or Hypothesis renamed it: keep every signal whole
+        return None
 
 
 def _costly_note(cfg: Settings, mode: Mode, state: ModeRun) -> list[str]:
@@ -495,9 +545,11 @@ def _run_level(spec: Spec, mode: Mode, device: str, check: str, headline: str,
 
 def _timed_out(spec: Spec, mode: Mode, device: str, e: ExampleTimeout,
                ) -> tuple[list[Finding], list[str], ModeResult]:
+    limit = ("hypothesis_settings(deadline=...)" if "deadline" in str(e)
+             else "settings(timeout=...), --timeout")
     f = _run_level(spec, mode, device, "timeout",
-                   f"{spec.name} under {mode.name} on {device}: {e} (settings(timeout=...); it "
-                   "counts both sides, all checks and any compilation of that example).",
+                   f"{spec.name} under {mode.name} on {device}: {e} ({limit}; it counts both "
+                   "sides, all checks and any compilation of that example).",
                    "look for a hang or an unbounded loop, or raise the limit.")
     return [f], [], ModeResult(mode.name, device, "FAIL", reason=str(e))
 
@@ -513,17 +565,25 @@ def _drive(spec: Spec, mode: Mode, device: str, wrapped: Callable[[], None],
         found.append(e)
     except _Abort as e:
         raise e.error from None
+    except DeadlineExceeded as e:  # the user's Hypothesis deadline: a timeout, not a bug
+        raise deadline_timeout(e) from None
     except FlakyFailure as e:  # before BaseExceptionGroup: FlakyFailure is one
-        findings.append(_flaky(spec, mode, device, e))
+        found += _irreproducible(e)
+        findings += [] if _irreproducible(e) else [_flaky(spec, mode, device, e)]
     except BaseExceptionGroup as group:  # several distinct bugs (one may be flaky)
         found += [exc for exc in group.exceptions if isinstance(exc, _Found)]
         for exc in group.exceptions:
             if isinstance(exc, _Abort):
                 raise exc.error from None
-        findings += [_flaky(spec, mode, device, exc) for exc in group.exceptions
-                     if isinstance(exc, FlakyFailure)]
+        flaky = [exc for exc in group.exceptions if isinstance(exc, FlakyFailure)]
+        found += [x for exc in flaky for x in _irreproducible(exc)]
+        findings += [_flaky(spec, mode, device, exc) for exc in flaky
+                     if not _irreproducible(exc)]
         escaped = [exc for exc in group.exceptions
                    if not isinstance(exc, (_Found, FlakyFailure))]
+        for exc in escaped:
+            if isinstance(exc, DeadlineExceeded):
+                raise deadline_timeout(exc) from None
         if escaped:  # one error stops the spec, without equiv's signals around it
             raise _escaped(spec, escaped[0])
     except Unsatisfiable:
@@ -565,6 +625,17 @@ def _escaped(spec: Spec, e: BaseException) -> BaseException:
         "this spec. Code under test must not exit the process: raise an exception instead.")
     error.__cause__ = e
     return error
+
+
+#: checks whose findings are irreproducible by nature (their evidence is calls that differ)
+_BY_NATURE_FLAKY = ("determinism",)
+
+
+def _irreproducible(e: FlakyFailure) -> list["_Found"]:
+    """The bugs of a flaky failure that only checks of :data:`_BY_NATURE_FLAKY` found:
+    reported as found (a replay that agrees does not undo two calls that differed)."""
+    return [x for x in e.exceptions if isinstance(x, _Found) and x.findings
+            and all(f.check in _BY_NATURE_FLAKY for f in x.findings)]
 
 
 def _flaky(spec: Spec, mode: Mode, device: str, e: FlakyFailure) -> Finding:
@@ -634,7 +705,8 @@ def _attribute(spec: Spec, cfg: Settings, state: ModeRun, device: str,
     except (NotCompiled, InvalidArgument):
         return findings
     if not {f.check for f in again.findings} & {f.check for f in findings}:
-        return [_with(f, attribution=FLAKY) for f in findings]
+        return [f if f.check in _BY_NATURE_FLAKY else _with(f, attribution=FLAKY)
+                for f in findings]
     findings = _write_only_read(spec, cfg, state, device, found, findings)
     if mode.kind == "eager":
         return findings

@@ -14,7 +14,7 @@ from hypothesis.strategies import SearchStrategy
 
 from equiv._args import as_args
 from equiv._contracts import validate_contracts
-from equiv._options import string_tuple, validate_variants
+from equiv._options import string_tuple, validate_argument_variants, validate_constants
 from equiv._schedule import validate_options
 from equiv._settings import settings as Settings
 from equiv._settings import skippable
@@ -78,8 +78,19 @@ class Spec:
     allow_skip: tuple[str, ...] = ()
     #: the module the spec belongs to (collected by ``equiv check``, ``tests_for(module)``)
     module: str = ""
+    #: the modules whose import registered it (their top-level code was running), innermost
+    #: first: a spec also belongs to each of them
+    sites: tuple[str, ...] = ()
     #: mutated arguments the implementation overwrites entirely (filled with NaN before its call)
     write_only: tuple[str, ...] = ()
+    #: arguments declared constant (equiv.roles: never made to require grad by equiv, never
+    #: aliased with a differentiated argument)
+    constants: tuple[str, ...] = ()
+    #: per-argument variant kinds of ``variants={"x": (...), "cos": ()}`` (others: ``variants``)
+    argument_variants: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: opt-in properties of the implementation alone (checks ``determinism``, ``batch-invariance``)
+    deterministic: bool = False
+    batch_invariant: int | None = None
 
     @property
     def implementation(self) -> str:
@@ -162,11 +173,16 @@ def registry() -> dict[str, Spec]:
 
 
 def get_spec(impl: Any) -> Spec:
+    """The spec of ``impl``: a decorated implementation (any spelling of a custom op), a
+    ``Spec``, or a spec's own ``impl`` (the callable equiv runs, e.g. a custom op's wrapper)."""
     spec = own_spec(impl, _REGISTRY.values())
     if isinstance(spec, Spec):
         return spec
     if isinstance(impl, Spec):
         return impl
+    for spec in _REGISTRY.values():
+        if spec.impl is impl:
+            return spec
     raise InvalidArgument(
         f"{_qualname(impl)} has no equiv spec: decorate it with @equivalent_to(reference) "
         "before calling check()."
@@ -196,8 +212,11 @@ def equivalent_to(
     reference_dtype: Any = None,
     reference_device: str | None = None,
     write_only: Sequence[str] = (),
+    constants: Sequence[str] = (),
     grads: bool = True,
     allow_skip: Sequence[str] = (),
+    deterministic: bool = False,
+    batch_invariant: int | None = None,
     **module_options: Any,
 ) -> Callable[[F], F]:
     """Register the decorated implementation as equivalent to the pure function ``ref``.
@@ -207,8 +226,8 @@ def equivalent_to(
     must stay bitwise unchanged. ``inputs`` is a Hypothesis strategy of argument tuples (or
     ``equiv.Args``); when omitted, inputs are derived from the signature. ``examples`` always run
     first. ``rtol``/``atol`` override the dtype's default tolerance (give both or neither).
-    ``variants`` (default ``True``: other layouts and aliasing of unmutated arguments) says which
-    automatic input variants the runner explores; see :mod:`equiv.variants`.
+    ``variants`` (default ``True``) says which input variants the runner explores, or per argument
+    (``{"cos": ()}``); ``constants``: arguments never made to require grad (:mod:`equiv.roles`).
     ``schedules`` adds :class:`equiv.Schedule` scripts (with their expected outcome) to the
     built-in hazardous schedules; ``parameters`` names the arguments an optimizer steps.
     ``max_memory_ratio`` (implementation peak / reference peak) and ``max_retained_bytes`` (bytes
@@ -218,38 +237,50 @@ def equivalent_to(
     which both sides must raise; ``raises``/``match`` are the error type and message regex both
     sides' errors must have (then an example on which both raise it counts as a pass).
     ``reference_dtype``/``reference_device`` run the reference in another floating dtype or on
-    another device (e.g. ``torch.float64``, ``"cpu"``) and compare at the implementation's; they
-    win over ``check()``'s arguments and the command-line flags, like the other settings.
+    another device (e.g. ``torch.float64``) and compare at the implementation's.
     ``grads=False``: gradients are not part of the contract; ``allow_skip=("vmap",)``: a skip
     of that transform as unsupported by torch is accepted (docs/reference.md, Verdicts).
     ``block_sizes`` (e.g. ``(64,)``) steers derived inputs toward lengths ``k*b - 1, k*b,
-    k*b + 1`` along one dim. ``ref`` may be an ``nn.Module`` class or instance, with
-    ``module_options`` describing the pair (:mod:`equiv.modules`). Returns the implementation
-    unchanged, with ``__equiv_spec__`` attached (docs/reference.md lists every option).
+    k*b + 1`` along one dim; ``deterministic=True`` and ``batch_invariant=DIM`` are opt-in
+    checks. ``ref`` may be an ``nn.Module`` (``module_options``: :mod:`equiv.modules`). Returns the
+    implementation with ``__equiv_spec__`` attached (docs/reference.md lists every option).
     """
-    options = dict(
-        mutates=mutates, inputs=inputs, examples=examples, rtol=rtol, atol=atol,
-        settings=settings, name=name, variants=variants, schedules=schedules,
-        parameters=parameters, max_memory_ratio=max_memory_ratio,
-        max_retained_bytes=max_retained_bytes, aliases=aliases, error_inputs=error_inputs,
-        raises=raises, match=match, block_sizes=block_sizes)
+    options = dict(mutates=mutates, inputs=inputs, examples=examples, rtol=rtol, atol=atol,
+                   settings=settings, name=name, variants=variants, schedules=schedules,
+                   parameters=parameters, max_memory_ratio=max_memory_ratio,
+                   max_retained_bytes=max_retained_bytes, aliases=aliases,
+                   error_inputs=error_inputs, raises=raises, match=match, block_sizes=block_sizes)
     module_pair = _MODULE_HOOK and _MODULE_HOOK(ref, module_options, dict(options))
     placement = validate_reference(reference_dtype, reference_device, "equivalent_to")
     if module_pair is not None:
         return _module_pair(module_pair, placement != (None, None) or grads is not True
-                            or bool(allow_skip) or bool(write_only))
+                            or any((allow_skip, write_only, constants, deterministic))
+                            or batch_invariant is not None)
     _validate_plain_options(ref, options)
     options.update(block_sizes=_validate_block_sizes(block_sizes),
-                   write_only=_validate_write_only(write_only, mutates),
-                   **_validate_verdict_options(grads, allow_skip))
+                   write_only=_validate_write_only(write_only, mutates), constants=constants,
+                   **_validate_verdict_options(grads, allow_skip),
+                   **_validate_properties(deterministic, batch_invariant))
 
     def decorate(impl: F) -> F:
-        caller = sys._getframe(1).f_globals  # the namespace applying the decorator
-        spec = _register(_build_spec(impl, ref, options, placement, caller), caller,
-                         explicit=name is not None)
-        return _attach(impl, spec)
+        frame = sys._getframe(1)  # the frame applying the decorator
+        spec = _build_spec(impl, ref, options, placement, frame.f_globals,
+                           _registering_modules(frame))
+        return _attach(impl, _register(spec, frame.f_globals, explicit=name is not None))
 
     return decorate
+
+
+def _registering_modules(frame: Any) -> tuple[str, ...]:
+    """The names of the modules whose top-level code is on the stack from ``frame`` out (the
+    imports that are registering a spec), innermost first."""
+    names: list[str] = []
+    while frame is not None:
+        name = frame.f_globals.get("__name__")
+        if frame.f_code.co_name == "<module>" and isinstance(name, str) and name not in names:
+            names.append(name)
+        frame = frame.f_back
+    return tuple(names)
 
 
 def _attach(impl: F, spec: Spec) -> F:
@@ -293,7 +324,7 @@ def _validate_plain_options(ref: Any, o: dict[str, Any]) -> None:
 
 
 def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, str | None],
-                caller: dict[str, Any]) -> Spec:
+                caller: dict[str, Any], sites: tuple[str, ...] = ()) -> Spec:
     """The spec of ``impl``: its signature read and every signature-bound option validated."""
     if not callable(impl):
         raise InvalidArgument(f"@equivalent_to decorates a callable, got {impl!r:.60}.")
@@ -316,29 +347,47 @@ def _build_spec(impl: Any, ref: Any, o: dict[str, Any], placement: tuple[Any, st
     alias_map, err_inputs, err_type, err_match = validate_contracts(
         sig, who, o["aliases"], o["error_inputs"], o["raises"], o["match"])
     rtol, atol, ratio = o["rtol"], o["atol"], o["max_memory_ratio"]
+    kinds, per_argument = validate_argument_variants(o["variants"], who, derived, sig.parameters)
     return Spec(
         impl=target, ref=ref, name=o["name"] or _qualname(target), mutates=contract,
         inputs=strategy, examples=_validate_examples(o["examples"], sig, impl),
         rtol=None if rtol is None else float(rtol), atol=None if atol is None else float(atol),
         settings=o["settings"], signature=sig, derived_inputs=derived,
-        variants=validate_variants(o["variants"], who, derived),
+        variants=kinds, argument_variants=per_argument,
+        constants=validate_constants(o["constants"], who, sig.parameters),
         schedules=scheds, parameters=params,
         max_memory_ratio=None if ratio is None else float(ratio),
         max_retained_bytes=o["max_retained_bytes"], aliases=alias_map,
         error_inputs=err_inputs, raises=err_type, match=err_match,
         block_sizes=o["block_sizes"], reference_dtype=placement[0],
         reference_device=placement[1], grads=o["grads"], allow_skip=o["allow_skip"],
-        write_only=o["write_only"],
-        module=_owner_module(target, str(caller.get("__name__", ""))),
+        write_only=o["write_only"], deterministic=o["deterministic"],
+        batch_invariant=o["batch_invariant"],
+        module=_owner_module(target, str(caller.get("__name__", ""))), sites=sites,
     )
 
 
 def _module_pair(decorate: Any, unsupported: bool) -> Any:
     if unsupported:
-        raise InvalidArgument("equivalent_to(reference_dtype=, reference_device=, grads=, "
-                              "allow_skip=, write_only=) are not supported for nn.Module pairs; "
-                              "pass the first four to check() or settings().")
+        raise InvalidArgument(
+        "equivalent_to(reference_dtype=, reference_device=, grads=, allow_skip=, write_only=, "
+        "constants=, deterministic=, batch_invariant=) are not supported for nn.Module pairs; "
+        "pass the first four to check() or settings(), deterministic= to settings().")
     return decorate
+
+
+def _validate_properties(deterministic: Any, batch_invariant: Any) -> dict[str, Any]:
+    """``deterministic=`` and ``batch_invariant=`` (opt-in properties), validated."""
+    if not isinstance(deterministic, bool):
+        raise InvalidArgument(
+            f"equivalent_to(deterministic={deterministic!r}): give True (two calls on equal "
+            "inputs must give bitwise-equal results) or False.")
+    if batch_invariant is not None and (isinstance(batch_invariant, bool) or not isinstance(
+            batch_invariant, int) or batch_invariant < 0):
+        raise InvalidArgument(
+            f"equivalent_to(batch_invariant={batch_invariant!r}): give the batch dimension, "
+            "an int >= 0 (e.g. batch_invariant=0), or None.")
+    return dict(deterministic=deterministic, batch_invariant=batch_invariant)
 
 
 def _validate_verdict_options(grads: Any, allow_skip: Any) -> dict[str, Any]:

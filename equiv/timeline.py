@@ -34,6 +34,8 @@ import torch
 from equiv._compat import TorchDispatchMode
 from equiv.examples import dtype_short
 
+_equal = torch.equal  # bound at import: a spec replacing torch.equal cannot change it
+
 __all__ = ["Recorder", "render", "likely_cause"]
 
 FIX = ("Fix: save a clone, use torch.autograd.graph.allow_mutation_on_saved_tensors(), or "
@@ -53,7 +55,7 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype.is_complex:
         a, b = torch.view_as_real(a), torch.view_as_real(b)
     as_int = _INT_OF_SIZE.get(a.element_size(), torch.uint8)
-    return bool(torch.equal(a.view(as_int), b.view(as_int)))
+    return bool(_equal(a.view(as_int), b.view(as_int)))
 
 
 def _summary(t: torch.Tensor) -> str:

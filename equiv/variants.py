@@ -46,6 +46,7 @@ from equiv._args import Args, as_args
 from equiv._compat import tree_flatten
 from equiv._options import DEFAULT_VARIANTS, VARIANT_KINDS, validate_variants
 from equiv.numerics import round_to
+from equiv.roles import Roles
 from equiv.strategies import DERIVED_NOTE, layouts
 from equiv.strategies._layouts import _gap_value
 
@@ -92,11 +93,15 @@ def _tensor_arguments(signature: inspect.Signature, args: Any) -> tuple[Any, lis
 
 
 def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
-                  mutated: Iterable[str], kinds: tuple[str, ...]) -> st.SearchStrategy:
-    """Pairs (example, Variant): the drawn example, possibly re-laid out or aliased."""
+                  mutated: Iterable[str], kinds: tuple[str, ...],
+                  roles: Roles | None = None) -> st.SearchStrategy:
+    """Pairs (example, Variant): the drawn example, possibly re-laid out or aliased. ``roles``
+    (:mod:`equiv.roles`): derived constants do not require grad, per-argument variant kinds,
+    and constants are never aliased with an argument that requires grad."""
     mutated = frozenset(mutated)
+    settle = roles.settle if roles is not None else (lambda ex: ex)
     if not kinds:
-        return inputs.map(lambda ex: (ex, _noted(ex, NO_VARIANT)))
+        return inputs.map(lambda ex: (settle(ex), _noted(ex, NO_VARIANT)))
 
     options = ["none"]
     if "layouts" in kinds:
@@ -113,15 +118,16 @@ def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
     @st.composite
     def build(draw: Any) -> tuple[Any, Variant]:
         choice = table[draw(st.integers(0, len(table) - 1))]
-        example = draw(inputs)
-        changed, variant = _vary(draw, example, choice, signature, mutated, kinds)
+        example = settle(draw(inputs))
+        changed, variant = _vary(draw, example, choice, signature, mutated, kinds, roles)
         return changed, _noted(example, variant)
 
     return build()
 
 
 def _vary(draw: Any, example: Any, choice: str, signature: inspect.Signature,
-          mutated: frozenset, kinds: tuple[str, ...]) -> tuple[Any, Variant]:
+          mutated: frozenset, kinds: tuple[str, ...],
+          roles: Roles | None = None) -> tuple[Any, Variant]:
     """``example`` with the variant ``choice`` applied where it fits (or unchanged)."""
     try:
         args = as_args(example)
@@ -132,8 +138,13 @@ def _vary(draw: Any, example: Any, choice: str, signature: inspect.Signature,
         return example, NO_VARIANT
     bound, names = found
     values = dict(bound.arguments)
-    allowed = [n for n in names if n not in mutated or "aliasing-mutated" in kinds]
+    own = (lambda n, k: k in roles.kinds_of(n, kinds)) if roles is not None else (
+        lambda n, k: k in kinds)
+    allowed = [n for n in names if own(n, "aliasing-mutated")
+               or (n not in mutated and own(n, "aliasing"))]
     pairs = _alias_pairs(choice, values, allowed)
+    if roles is not None and pairs and choice in _ALIAS_CHOICES:
+        pairs = _apart(pairs, values, roles.constants(values))
     if choice in _ALIAS_CHOICES and not pairs:
         if "layouts" not in kinds:
             return example, NO_VARIANT
@@ -143,7 +154,8 @@ def _vary(draw: Any, example: Any, choice: str, signature: inspect.Signature,
     if choice in ("float16", "bfloat16"):
         dtype = getattr(torch, choice)
         halved = (torch.float32, torch.float64) if "half" in kinds else (torch.float32,)
-        cast = [n for n in names if values[n].dtype in halved]
+        cast = [n for n in names if values[n].dtype in halved
+                and (own(n, "half") or own(n, "half-float32"))]
         if not cast:
             return example, NO_VARIANT
         for n in cast:  # rounded once (float64 -> half rounds twice through .to)
@@ -153,7 +165,8 @@ def _vary(draw: Any, example: Any, choice: str, signature: inspect.Signature,
     elif choice in _ALIAS_CHOICES:
         variant = _alias(draw, choice, values, pairs, mutated)
     else:
-        variant = _layout(draw, choice, values, names, mutated, kinds)
+        variant = _layout(draw, choice, values, [n for n in names if own(n, "layouts")],
+                          mutated, kinds)
         if variant is None:
             return example, NO_VARIANT
     bound.arguments.update(values)
@@ -172,6 +185,16 @@ def _alias_pairs(choice: str, values: dict, allowed: list[str]) -> list[tuple[st
     views = [(a, b) if values[a].numel() >= 2 else (b, a) for a, b in pairs
              if max(values[a].numel(), values[b].numel()) >= 2]
     return views or same
+
+
+def _apart(pairs: list[tuple[str, str]], values: dict,
+           constants: frozenset[str]) -> list[tuple[str, str]]:
+    """``pairs`` without a constant paired with an argument that requires grad (one
+    grad-requiring base would make the constant require grad)."""
+    def grad(n: str) -> bool:
+        return bool(values[n].requires_grad)
+    return [(a, b) for a, b in pairs
+            if not ((a in constants and grad(b)) or (b in constants and grad(a)))]
 
 
 def _alias(draw: Any, choice: str, values: dict, pairs: list, mutated: frozenset) -> Variant:

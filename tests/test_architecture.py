@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     # engine: examples, comparison, modes, recorder, memory, variants, reports, execution core
     "equiv.examples": 2, "equiv.compare": 2, "equiv.numerics": 2, "equiv.modes": 2,
     "equiv.timeline": 2, "equiv.memory": 2, "equiv.variants": 2, "equiv.report": 2,
+    "equiv.roles": 2,
     "equiv.execution": 2,
     # checks: one module per catalog row
     "equiv.checks": 3,
@@ -30,7 +31,8 @@ LAYERS: dict[str, int] = {
     "equiv.pipeline": 4, "equiv.run": 4, "equiv._watchdog": 4, "equiv._assert": 4,
     "equiv._roots": 4,
     # results, CLI, pytest, the public package
-    "equiv._results": 5, "equiv._html": 5, "equiv._loader": 5, "equiv._lab": 5,
+    "equiv._results": 5, "equiv._html": 5, "equiv._bench": 5, "equiv._loader": 5, "equiv._lab": 5,
+    "equiv._reports": 5,
     "equiv.cli": 5, "equiv.pytest": 5, "equiv.__main__": 5, "equiv": 5,
 }
 

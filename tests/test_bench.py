@@ -21,7 +21,8 @@ from tests.conftest import FAST
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 MODULES = ("overhead", "growth", "versus", "first_failure", "strategies_bench", "recorder_bench",
-           "functions", "modes_bench", "walltime", "rows", "realcode")
+           "functions", "modes_bench", "walltime", "rows", "realcode",
+           "failure_memory")
 
 
 @pytest.fixture(scope="module")

@@ -136,7 +136,7 @@ def test_public_surface():
         "Finding", "GradientMismatch", "InternalError", "InvalidArgument", "MemoryMismatch",
         "MutationMismatch",
         "OutputMismatch", "Report", "Schedule", "ScheduleMismatch", "Spec", "check",
-        "assert_equivalent", "equivalent_to",
+        "assert_equivalent", "bench", "equivalent_to",
         "registry", "settings",
         "Mode", "ModeResult", "compiled",  # execution modes
     ])

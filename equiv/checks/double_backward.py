@@ -19,12 +19,23 @@ from equiv.execution.graph import (
     graph_nodes,
     is_delayed_error,
 )
-from equiv.execution.record import Execution, Sink, reference_run
+from equiv.execution.record import (
+    Execution,
+    Sink,
+    by_differences,
+    derivative_kink,
+    fd_only_note,
+    reference_run,
+)
 
 NAME = "double-backward"
 
 
 def run(ex: Execution, sink: Sink) -> None:
+    why = by_differences(ex)
+    if why is not None:
+        sink.note(fd_only_note(NAME, "double backward (second-order gradients)", why))
+        return
     done, exc = ex.rerun(ex.template)
     if done is None or exc is not None or not done.pairing.ok:
         return  # the core checks report a failing call
@@ -60,9 +71,10 @@ def run(ex: Execution, sink: Sink) -> None:
         sink.note(f"double backward not compared: the reference's raised "
                   f"{type(err).__name__}: {error_text(err)[:160]}")
         return
+    nodes = function_nodes([i for _, i, _ in pairs])
+    missing = _without_history(nodes, done.impl_side)  # read before backward frees them
     imp, err, _ = second([i for _, i, _ in pairs], i_leaves)
-    labels = sorted({function_label(function_class(n)) for n in
-                     function_nodes([i for _, i, _ in pairs])})
+    labels = sorted({function_label(function_class(n)) for n in nodes})
     who = " and ".join(labels) or "a custom Function"
     if err is not None:
         if isinstance(err, _OnceDifferentiable):
@@ -86,21 +98,98 @@ def run(ex: Execution, sink: Sink) -> None:
     oracle = _lazy_oracle(ex, done, second, r_leaves)
     for i, (g, a, e, leaf) in enumerate(zip(done.pairing.groups, imp, ref, r_leaves)):
         name = ex.template.group_name(g)
-        m = ex.judge(name, torch.zeros_like(leaf) if a is None else a,
-                     torch.zeros_like(leaf) if e is None else e, kind="second-order", group=g,
-                     oracle=lambda i=i: oracle(i))
+        m = _judge(ex, sink, name, g, torch.zeros_like(leaf) if a is None else a,
+                   torch.zeros_like(leaf) if e is None else e, lambda i=i: oracle(i))
         if m is None:
             continue
         sink.finding(NAME, f"second-order gradient (double backward) w.r.t. "
                     f"{name!r} differs from the reference.", argument=name, mismatch=m,
-                    likely_cause=f"{who}'s backward is only partly differentiable: a value it "
-                                 "uses has no autograd history (an intermediate saved in forward "
-                                 "that is not an output, or a .detach()), so its derivative is "
-                                 "missing from double backward.",
+                    likely_cause=_cause(sink, who, missing),
                     fix="save inputs or outputs (not intermediates) and recompute the rest in "
                         "backward with torch ops, or decorate backward with "
                         "@torch.autograd.function.once_differentiable so double backward raises "
                         "instead of returning a wrong value.")
+
+
+#: at most this many elements at a kink of the reference's derivative are set aside per value
+_KINKS = 4
+
+
+def _judge(ex: Execution, sink: Sink, name: str, group: Any, actual: torch.Tensor,
+           expected: torch.Tensor, oracle: Any) -> Any:
+    """``ex.judge`` of one second-order gradient, setting aside (with a note) elements at a kink
+    of the reference's derivative (:func:`derivative_kink`), where a smooth implementation's
+    second derivative legitimately differs from the reference's autograd one."""
+    aside: list[str] = []
+    o_memo: list[Any] = []
+
+    def patched_oracle() -> Any:
+        if not o_memo:
+            o_memo.append(oracle())
+        o = o_memo[0]
+        if o is None or not aside:
+            return o
+        o = o.clone()
+        o.view(-1)[kinks] = expected.detach().reshape(-1)[kinks].to(o.dtype).to(o.device)
+        return o
+
+    kinks: list[int] = []
+    m = None
+    for _ in range(_KINKS + 1):
+        m = ex.judge(name, actual, expected, kind="second-order", group=group,
+                     oracle=patched_oracle)
+        where = None if m is None or len(aside) >= _KINKS else derivative_kink(ex, group, m)
+        if where is None:
+            break
+        aside.append(where)
+        flat = _flat(m.index, expected)
+        kinks.append(flat)
+        actual = actual.clone()
+        actual.view(-1)[flat] = expected.reshape(-1)[flat].to(actual.dtype)
+    if aside:
+        sink.note(f"{NAME}: second-order gradient w.r.t. {name!r} not compared at "
+                  f"{', '.join(aside)}: the reference's derivative has a kink there (its autograd "
+                  "second derivative jumps), where a smooth implementation's legitimately "
+                  "differs")
+    return m
+
+
+def _flat(index: tuple[int, ...], like: torch.Tensor) -> int:
+    return sum(i * s for i, s in zip(index, like.contiguous().stride()))
+
+
+_PARTLY = ("{who}'s backward is only partly differentiable: a value it uses has no autograd "
+           "history ({what}), so its derivative is missing from double backward.")
+
+
+def _cause(sink: Sink, who: str, missing: str | None) -> str | None:
+    """The likely cause of a second-order mismatch, claimed only where it is seen: the forward
+    or the first backward already differ; or the implementation's Function saved a value
+    without autograd history that is not one of its inputs (``missing``: an intermediate)."""
+    if any(f.check in ("forward", "mutation", "gradients") for f in sink.findings):
+        return ("the forward values or the first-order gradients already differ on this "
+                "example (those findings): fix them first.")
+    return None if missing is None else _PARTLY.format(who=who, what=missing)
+
+
+def _without_history(nodes: list[Any], side: Any) -> str | None:
+    """``"ctx.name"``/``"saved tensor #i"`` of a custom Function node: a floating tensor saved
+    in forward without autograd history that is not an input's storage, else None."""
+    inputs = {t.untyped_storage().data_ptr() for t in getattr(side, "tensors", [])
+              if isinstance(t, torch.Tensor)}
+    for node in nodes:
+        try:
+            saved = [(f"saved tensor #{k} of {type(node).__name__}", t)
+                     for k, t in enumerate(getattr(node, "saved_tensors", ()) or ())]
+        except RuntimeError:  # freed by a backward without retain_graph
+            saved = []
+        saved += [(f"ctx.{k} of {type(node).__name__}", v)
+                  for k, v in getattr(node, "__dict__", {}).items()]
+        for what, t in saved:
+            if (isinstance(t, torch.Tensor) and t.dtype.is_floating_point
+                    and not t.requires_grad and t.untyped_storage().data_ptr() not in inputs):
+                return f"{what}, an intermediate computed in forward"
+    return None
 
 
 def _grad(outs: list[torch.Tensor], leaves: list[torch.Tensor], cots: list[torch.Tensor],

@@ -8,7 +8,14 @@ from typing import Any
 
 from equiv.compare import compare_leaf
 from equiv.execution.calls import format_tb
-from equiv.execution.record import Sink, cotangent_written, kink_cause, name_cotangent
+from equiv.execution.record import (
+    Sink,
+    by_differences,
+    cotangent_written,
+    fd_only_note,
+    kink_cause,
+    name_cotangent,
+)
 from equiv.execution.script import explain_backwards
 
 NAME = "repeated-backward"
@@ -17,21 +24,20 @@ _STATEFUL = ("backward #1 modified a value saved for backward (a saved tensor or
              "buffer).")
 
 
-_BY_DIFFERENCES = ("repeated-backward not compared: the reference is not differentiable, and "
-                   "finite differences judge the first backward only (a second backward through "
-                   "the retained graph was not checked)")
+_SECOND = "a second backward, with a new cotangent, through the retained graph"
 
 
 def run(ex: Any, sink: Sink) -> None:
     if ex.cfg.backward_repeats < 2:
         return
-    if not ex.pairing().ok:
-        fd = ex.cache.get("finite-differences", (None, None))[0]
-        if not ex.pairing().pairs and fd is not None:  # the gradients check used them
-            sink.not_compared(NAME, _BY_DIFFERENCES)
+    why = by_differences(ex)
+    if why is not None:
+        sink.not_compared(NAME, fd_only_note(NAME, _SECOND, why))
         return
-    if ex.ref_grads(1)[1] is not None or ex.backward(1).error is not None:
-        return  # the gradients check reports (or notes) a failing first backward
+    if not ex.pairing().ok:
+        return
+    if ex.backward(1).error is not None:
+        return  # the gradients check reports a failing first backward
     if any(f.check == "gradients" for f in sink.findings):
         return  # a wrong first backward: a second through the same graph adds nothing
     first = len(sink.findings)

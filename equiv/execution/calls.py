@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import sys
 import traceback
 import warnings
@@ -12,7 +13,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from equiv._compat import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from equiv._compat import (keystr, restore_saved_tensors_hooks, saved_tensors_hooks_top,
+                           tree_flatten, tree_flatten_with_path, tree_unflatten)
 from equiv.errors import InvalidArgument, user_error
 from equiv.examples import Side, tensor_summary
 from equiv.modes import normalise_error
@@ -28,8 +30,49 @@ def format_tb(exc: BaseException) -> str:
     return "".join(lines[-12:])
 
 
+#: torch functions a spec may replace (``torch.equal = ...``): put back after each call, so the
+#: user code of later specs sees what it saw before (equiv's comparisons bind them at import)
+_TORCH_FUNCTIONS = ((torch, "equal"), (torch, "allclose"), (torch, "isclose"),
+                    (torch.testing, "assert_close"))
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # the folder was removed: nothing to return to
+        return None
+
+
+def _process_state() -> dict[str, Any]:
+    """Interpreter state user code may leave changed: warnings filters and ``showwarning``,
+    the recursion limit, the working directory, entered ``saved_tensors_hooks``."""
+    return {"filters": (warnings.filters, list(warnings.filters), warnings.showwarning),
+            "recursion": sys.getrecursionlimit(), "cwd": _cwd(),
+            "hooks": saved_tensors_hooks_top(),
+            "torch": tuple(getattr(m, n) for m, n in _TORCH_FUNCTIONS)}
+
+
+def _restore_process(saved: dict[str, Any]) -> None:
+    filters, copy, show = saved["filters"]
+    if warnings.filters is not filters or warnings.filters != copy:
+        filters[:] = copy
+        warnings.filters = filters
+        warnings._filters_mutated()  # type: ignore[attr-defined]
+    if warnings.showwarning is not show:
+        warnings.showwarning = show
+    if sys.getrecursionlimit() != saved["recursion"]:
+        sys.setrecursionlimit(saved["recursion"])
+    if saved["cwd"] is not None and _cwd() != saved["cwd"]:
+        os.chdir(saved["cwd"])
+    restore_saved_tensors_hooks(saved["hooks"])
+    for (module, name), original in zip(_TORCH_FUNCTIONS, saved["torch"]):
+        if getattr(module, name) is not original:
+            setattr(module, name, original)
+
+
 def _global_state(config: bool) -> dict[str, Any]:
     state: dict[str, Any] = {
+        "process": _process_state(),
         "dtype": torch.get_default_dtype(),
         "deterministic": (torch.are_deterministic_algorithms_enabled(),
                           torch.is_deterministic_algorithms_warn_only_enabled()),
@@ -45,6 +88,7 @@ def _global_state(config: bool) -> dict[str, Any]:
 
 
 def _restore(saved: dict[str, Any]) -> None:
+    _restore_process(saved["process"])
     if torch.get_default_dtype() != saved["dtype"]:
         torch.set_default_dtype(saved["dtype"])
     det, warn_only = saved["deterministic"]
@@ -72,7 +116,9 @@ def _restore(saved: dict[str, Any]) -> None:
 def isolated(config: bool = False) -> Iterator[None]:
     """Global torch state the user's code may set (default dtype and device, deterministic
     algorithms, thread count, anomaly mode, grad mode; with ``config``, the Dynamo config too)
-    is restored after the block, so one spec never changes how the next one runs. Every call
+    and interpreter state (warnings filters, recursion limit, working directory, entered
+    ``saved_tensors_hooks``, replaced ``torch.equal``-like functions) is restored after the
+    block, so one spec never changes how the next one runs. Every call
     of user code restores the cheap state; the runner restores the config around each example
     and each check()."""
     saved = _global_state(config)
@@ -82,6 +128,30 @@ def isolated(config: bool = False) -> Iterator[None]:
         _restore(saved)
 
 
+#: the process that started the running check (None outside a check)
+_RUN_PID: list[int | None] = [None]
+
+
+@contextlib.contextmanager
+def owned_process() -> Iterator[None]:
+    """Within the block, a process forked by user code (``os.fork()`` in an implementation)
+    exits quietly as soon as the user's call returns in it: only the process that started the
+    run goes on to compare, print and write reports."""
+    previous = _RUN_PID[0]
+    _RUN_PID[0] = os.getpid() if previous is None else previous
+    try:
+        yield
+    finally:
+        _RUN_PID[0] = previous
+
+
+def exit_if_forked() -> None:
+    """End this process quietly (``os._exit(0)``, no buffered output flushed) when it is a
+    child forked by user code during a run."""
+    if _RUN_PID[0] is not None and os.getpid() != _RUN_PID[0]:
+        os._exit(0)
+
+
 def call(fn: Callable[..., Any], side: Side) -> tuple[Any, BaseException | None]:
     """``fn`` on ``side``'s arguments under ``enable_grad``: (result, None) or (None, error);
     global torch state is restored afterwards (:func:`isolated`)."""
@@ -89,9 +159,11 @@ def call(fn: Callable[..., Any], side: Side) -> tuple[Any, BaseException | None]
         with isolated(), torch.enable_grad():
             result = side.call(fn)
     except BaseException as e:  # the user's code raised: evidence, never a crash of equiv
+        exit_if_forked()
         if not user_error(e):
             raise
         return None, normalise_error(e)
+    exit_if_forked()
     return synchronous(fn, result), None
 
 
@@ -168,7 +240,9 @@ def vjp(outs: list[torch.Tensor], leaves_: list[torch.Tensor],
         with isolated():
             grads = torch.autograd.grad(outs, leaves_, cots, retain_graph=True,
                                         allow_unused=True)
+        exit_if_forked()
     except BaseException as e:  # the user's backward raised
+        exit_if_forked()
         if not user_error(e):
             raise
         return [], e

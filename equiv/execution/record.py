@@ -18,12 +18,14 @@ from equiv.execution.calls import isolated, user_error
 from equiv.execution.calls import leaves as leaves_of
 from equiv.execution.calls import vjp
 from equiv.execution.graph import builtin_only, function_nodes
+from equiv.execution.runs import ImplRun, impl_run
 from equiv.execution.verdict import (
     FD_MAX_ELEMENTS,
     OracleVJP,
     fd_check,
     fd_plan,
     fd_reference,
+    fd_terms,
     judge_leaf,
     named_values,
     summed_terms,
@@ -350,6 +352,14 @@ class Execution:
         """The implementation (``"impl"``) or reference (``"ref"``) in this mode, on ``side``."""
         return call(self.impl_fn if which == "impl" else self.ref_fn, side)
 
+    def impl_run(self, template: Template | None = None,
+                 cotangents: dict[str, torch.Tensor] | None = None) -> ImplRun:
+        """The implementation alone once more, in this mode, on a fresh copy of ``template``
+        (default this example's): its values and gradients for ``cotangents`` (default drawn
+        from the example's seed, the same on every run), see :func:`~equiv.execution.runs.impl_run`."""
+        return impl_run(self.impl_fn, list(self.spec.mutates), template or self.template,
+                        self.device, self.cot_seed, cotangents)
+
     def rerun(self, template: Template) -> tuple[Rerun | None, BaseException | None]:
         """Both sides again on fresh copies of ``template``: (run, None); (None, None) when the
         reference raised; (None, error) when only the implementation raised."""
@@ -634,9 +644,22 @@ class Execution:
         m = judge_leaf(name, actual, expected, rtol=self.spec.rtol, atol=self.spec.atol,
                        oracle=oracle, baseline=baseline, kind=kind, why=self.oracle_why,
                        device=self.device, terms=terms, cross=self.place.cross,
-                       magnitude=magnitude)
+                       magnitude=magnitude, example_size=lambda: self._example_size(kind))
         overlapping = group is not None and not group.simple
         return self._precision_difference(name, actual, m, overlapping)
+
+    def _example_size(self, kind: str) -> float:
+        """The largest finite ``|value|`` of the example's floating inputs and, for a gradient,
+        of its cotangents: what the reference's rounding is measured against where its result
+        cancels (a layer norm of a constant row is 0 in float64, and rounds at the inputs' size
+        at its dtype)."""
+        values = [g.values for g in self.template.groups if g.dtype.is_floating_point]
+        if kind != "outputs":
+            values += [c for cots in self.cotangents() for c in cots
+                       if isinstance(c, torch.Tensor) and c.dtype.is_floating_point]
+        sizes = [float(torch.nan_to_num(v.detach().abs().to(torch.float64), nan=0.0,
+                                        posinf=0.0).max()) for v in values if v.numel()]
+        return max(sizes, default=0.0)
 
     def _precision_difference(self, name: str, actual: Any, m: Mismatch | None,
                               overlapping: bool) -> Mismatch | None:
@@ -701,7 +724,7 @@ class Execution:
 
     def finite_differences(self) -> tuple[Any, str | None]:
         """The implementation's VJP against central differences of the reference in float64
-        (four reference calls), for a reference that cannot differentiate: (FiniteDifference,
+        (eight reference calls), for a reference that cannot differentiate: (FiniteDifference,
         None), or (None, why not) -- why None when nothing is differentiated. Cached."""
         if "finite-differences" not in self.cache:
             self.cache["finite-differences"] = self._finite_differences()
@@ -725,10 +748,11 @@ class Execution:
             return None, f"the implementation's backward raised {type(err).__name__}"
         fn = fd_reference(self.template, plan, self.ref_fn, lambda r: split(self.spec, r),
                           self.device)
+        terms = fd_terms(self.template, plan, self.impl_side, cots)
         try:
             with isolated():
                 return fd_check(fn, plan, cots, grads, plan.impl_values[0].dtype,
-                                self.cot_seed), None
+                                self.cot_seed, terms), None
         except BaseException as e:  # the reference raised in float64: no finite differences
             if not user_error(e):
                 raise
@@ -1035,30 +1059,139 @@ def cotangent_written(ex: Execution, b: Backward, n: int) -> list[tuple[str, str
     return out
 
 
-def kink_cause(ex: Execution, group: Any, m: Any) -> str | None:
-    """When the worst element is an input where the reference is not differentiable (its
-    output or gradient jumps there, e.g. ``clamp`` at its bounds), the line saying so: the two
-    sides may legitimately pick different one-sided derivatives there."""
+def _kink_site(ex: Execution, group: Any, m: Any) -> tuple[int, list[int], str] | None:
+    """Where a mismatch's worst element is in the reference's arguments: (argument position,
+    the row-major flat indices of the argument's elements that hold it -- several where the
+    argument's storage overlaps, e.g. expanded --, ``"x[i, j] = v"``), or None where that
+    cannot be said (a group of several arguments)."""
     index, side = getattr(m, "index", None), ex.ref_side
-    if index is None or side is None or not group.simple:
+    if index is None or side is None or len(group.slots) != 1:
         return None
     tensor = side.tensors[group.slots[0]]
     if not tensor.dtype.is_floating_point:  # a kink is a real-valued notion
         return None
     values = list(side.bound.args) + list(side.bound.kwargs.values())
     k = next((i for i, v in enumerate(values) if v is tensor), None)
-    if k is None or len(index) != tensor.dim():
+    slot = ex.template.slots[group.slots[0]]
+    shape = tensor.shape if group.simple else group.values.shape
+    if k is None or len(index) != len(shape):
         return None
-    flat = sum(i * s for i, s in zip(index, tensor.contiguous().stride()))
-    if smooth_at(ex.spec.ref, side.bound.args, dict(side.bound.kwargs), {k: [flat]}):
+    flat = sum(i * s for i, s in zip(index, torch.empty(shape).stride()))
+    where = slot.path + (f"[{', '.join(map(str, index))}]" if index else "")
+    if group.simple:
+        return k, [flat], f"{where} = {float(tensor.detach().reshape(-1)[flat]):g}"
+    positions = torch.arange(group.values.numel()).as_strided(slot.size, slot.stride,
+                                                               slot.offset).reshape(-1)
+    flats = [int(i) for i in (positions == flat).nonzero().reshape(-1)]
+    if not flats:
         return None
-    where = ex.template.slots[group.slots[0]].path + (
-        f"[{', '.join(map(str, index))}]" if index else "")
-    value = float(tensor.detach().reshape(-1)[flat])
-    return (f"{where} = {value:g} is a point where the reference is not differentiable (its "
+    value = float(tensor.detach().reshape(-1)[flats[0]])
+    return k, flats, f"{slot.path} (storage element {flat}) = {value:g}"
+
+
+def kink_cause(ex: Execution, group: Any, m: Any) -> str | None:
+    """When the worst element is an input where the reference is not differentiable (its
+    output or gradient jumps there, e.g. ``clamp`` at its bounds), the line saying so: the two
+    sides may legitimately pick different one-sided derivatives there."""
+    site = _kink_site(ex, group, m)
+    if site is None:
+        return None
+    k, flats, where = site
+    side = ex.ref_side
+    assert side is not None
+    if smooth_at(ex.spec.ref, side.bound.args, dict(side.bound.kwargs), {k: flats}):
+        return None
+    return (f"{where} is a point where the reference is not differentiable (its "
             "output or gradient jumps there): the two sides pick different one-sided "
             "derivatives (subgradients). If either is acceptable, keep the inputs away from it "
             "(inputs=...) or use the reference's convention.")
+
+
+def derivative_kink(ex: Execution, group: Any, m: Any) -> str | None:
+    """``"x[i] = v"`` when a second-order mismatch's worst element is an input where the
+    reference's derivative has a kink: the reference is not differentiable there
+    (:func:`kink_cause`'s probe), or its autograd second derivative jumps there
+    (``z.abs().pow(2)`` at 0: smooth, but ``sign(z)**2`` is 0 at 0 and 1 beside it). A smooth
+    implementation's second derivative legitimately differs there. Else None."""
+    site = _kink_site(ex, group, m)
+    if site is None:
+        return None
+    k, flats, where = site
+    side = ex.ref_side
+    assert side is not None
+    args, kwargs = side.bound.args, dict(side.bound.kwargs)
+    if not smooth_at(ex.spec.ref, args, kwargs, {k: flats}):
+        return where
+    try:
+        at, up, down = (_second_order(ex.spec.ref, args, kwargs, k, flats, step)
+                        for step in (0.0, _KINK_STEP, -_KINK_STEP))
+    except BaseException as e:  # the reference raised (SystemExit too): no claim
+        if not user_error(e):
+            raise
+        return None
+    jump = [bool(((a - b).abs() > _KINK_JUMP * (1 + a.abs())).any())
+            for a, b in ((at, up), (at, down)) if a.shape == b.shape]
+    return where if any(jump) else None
+
+
+_KINK_STEP, _KINK_JUMP = 1e-5, 1e-2
+
+
+def _second_order(ref: Callable[..., Any], args: Any, kwargs: dict, k: int, flats: list[int],
+                  step: float) -> torch.Tensor:
+    """The reference's float64 second-order gradient w.r.t. every floating argument (fixed
+    cotangent and vector, magnitudes 1-2), ``step`` added at argument ``k``'s elements
+    ``flats`` (row-major): all of them flattened into one tensor."""
+    values = list(args) + list(kwargs.values())
+    leaves: list[torch.Tensor] = []
+    for i, v in enumerate(values):
+        if isinstance(v, torch.Tensor) and v.dtype.is_floating_point:
+            w = v.detach().to(torch.float64).clone(memory_format=torch.contiguous_format)
+            if i == k:
+                w.view(-1)[flats] += step
+            values[i] = w.requires_grad_(True)
+            leaves.append(values[i])
+    gen = torch.Generator().manual_seed(1234)
+
+    def weights(like: torch.Tensor) -> torch.Tensor:
+        sign = torch.randn(like.shape, generator=gen, dtype=torch.float64).sign()
+        return sign * (1 + torch.rand(like.shape, generator=gen, dtype=torch.float64))
+
+    with torch.enable_grad():
+        out = ref(*values[:len(args)], **dict(zip(kwargs, values[len(args):])))
+        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)
+                and o.requires_grad and o.dtype.is_floating_point]
+        if not outs:
+            return torch.zeros(0, dtype=torch.float64)
+        loss = sum((o.to(torch.float64) * weights(o)).sum() for o in outs)
+        first = torch.autograd.grad(loss, leaves, create_graph=True, allow_unused=True)
+        live = [(g, weights(g)) for g in first if g is not None and g.requires_grad]
+        if not live:
+            return torch.zeros(0, dtype=torch.float64)
+        total = sum((g * w).sum() for g, w in live)
+        second = torch.autograd.grad(total, leaves, allow_unused=True)
+    return torch.cat([(torch.zeros_like(leaf) if g is None else g.detach()).reshape(-1)
+                      for g, leaf in zip(second, leaves)])
+
+
+def by_differences(ex: Execution) -> str | None:
+    """Why the first backward is judged only by finite differences of the reference (it cannot
+    differentiate: its backward raises, or its result has no autograd history), else None. A
+    second backward (a new cotangent, or double backward) then has nothing to be compared
+    with."""
+    pairing = ex.pairing()
+    if pairing.pairs:
+        err = ex.ref_grads(1)[1] if pairing.ok else None
+        return None if err is None else f"its backward raised {type(err).__name__}"
+    fd, _ = ex.finite_differences()
+    return None if fd is None else "its result has no autograd history"
+
+
+def fd_only_note(check: str, what: str, why: str) -> str:
+    """The note of a check of a second backward where only finite differences judge the first
+    (:func:`by_differences`)."""
+    return (f"{check} not compared: the reference cannot differentiate ({why}), and finite "
+            f"differences judge the first backward only ({what} was not checked)")
 
 
 def name_cotangent(ex: Execution, sink: Sink, first: int) -> None:

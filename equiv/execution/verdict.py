@@ -19,12 +19,13 @@ from typing import Any, Callable
 import torch
 
 from equiv.compare import Mismatch, compare_leaf, dtype_tolerance_overridden
+from equiv.errors import user_error
 from equiv.examples import Side, Template
 from equiv.execution.calls import cotangent, vjp
 from equiv.execution.calls import leaves as leaves_of
 from equiv.numerics import FLOOR_ULPS_DEFAULTS, K_DEFAULTS, FiniteDifference, NumericMismatch, check_vjp_fd
 from equiv.numerics import judge as judge_numbers
-from equiv.numerics import oracle_dtype
+from equiv.numerics import oracle_disagreement, oracle_dtype
 
 #: finite differences only on examples with at most this many differentiable elements
 FD_MAX_ELEMENTS = 4096
@@ -46,7 +47,8 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
                atol: float | None, oracle: Lazy = None, baseline: Lazy = None,
                kind: str = "outputs", why: Callable[[], str | None] = lambda: None,
                device: str = "cpu", terms: float = 1.0,
-               cross: bool = False, magnitude: Lazy = None) -> Mismatch | None:
+               cross: bool = False, magnitude: Lazy = None,
+               example_size: Lazy = None) -> Mismatch | None:
     """``actual`` against ``expected`` (see the module docstring). ``oracle``/``baseline``:
     the value in the oracle's run and in the baseline's (default: ``expected``), computed only
     when needed; ``why``: why there is no oracle, for a fallback's message; ``terms``: how many
@@ -54,7 +56,10 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
     reference was placed elsewhere (an inf/NaN only the baseline shares is an error);
     ``magnitude``: the size of the terms per element where ``|oracle|`` may understate it
     (summed terms, :func:`term_magnitude`, or a cancelling gradient's size for a random
-    cotangent)."""
+    cotangent); ``example_size``: the largest ``|value|`` the example feeds the reference (its
+    inputs, and a gradient's cotangents), below which a difference between the reference at
+    its dtype and in float64 is never evidence of an invalid oracle (cancellation rounds at
+    that size)."""
     if rtol is not None:
         return compare_leaf(actual, expected, rtol=rtol, atol=atol, path=name)
     m = compare_leaf(actual, expected, rtol=None, atol=None, path=name)
@@ -72,6 +77,12 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
         fallback = judge_numbers(actual, None, b, dtype=actual.dtype, path=name, why=reason)
         return fallback
     size = _get(magnitude)  # the size of the terms: the floor is taken there
+    invalid = oracle_disagreement(o, b, actual.dtype, size, _get(example_size))
+    if invalid is not None:  # the oracle is another function here: the reference's dtype judges
+        found = judge_numbers(actual, None, b, dtype=actual.dtype, path=name,
+                              why=invalid_oracle(actual.dtype, *invalid))
+        return found if found is None else dataclasses.replace(
+            found, why=invalid_oracle(actual.dtype))
     ulps = FLOOR_ULPS_DEFAULTS[kind] * (1.0 if size is not None else max(terms, 1.0) ** 0.5)
     found = judge_numbers(actual, o, b, k=K_DEFAULTS[kind], floor_ulps=ulps, dtype=actual.dtype,
                           path=name, baseline_nonfinite=not cross, magnitude=size)
@@ -81,6 +92,17 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
     extra = [ln for ln in m.message.splitlines() if ln not in seen]
     head = ["against the per-dtype default tolerance (torch.testing.assert_close):"][:len(extra)]
     return dataclasses.replace(found, message="\n".join([found.message, *head, *extra]))
+
+
+def invalid_oracle(dtype: torch.dtype, diff: float | None = None, size: float = 0.0) -> str:
+    """Why the float64 oracle cannot judge a value (:func:`equiv.numerics.oracle_disagreement`),
+    with its numbers when ``diff`` is given."""
+    name = str(dtype).removeprefix("torch.")
+    by = "" if diff is None else f" by up to {diff:.3g} on values of size {size:.3g},"
+    return (f"the float64 reference is not a valid oracle for this example: the reference in "
+            f"{name} and in float64 differ{by} far beyond {name} rounding (it draws random "
+            f"numbers in its compute dtype, e.g. a dropout mask, or computes another function "
+            f"in float64); judged against the reference in {name}")
 
 
 def rounding_only(mismatches: list[Mismatch | None]) -> bool:
@@ -161,19 +183,47 @@ def fd_reference(template: Template, plan: FDPlan, ref: Callable[..., Any],
 
 
 def fd_check(fn: Callable[..., list[torch.Tensor]], plan: FDPlan, cots: list[torch.Tensor],
-             impl_grads: list[torch.Tensor], dtype: torch.dtype,
-             seed: int) -> FiniteDifference:
-    """:func:`equiv.numerics.check_vjp_fd` of the implementation's VJP against ``fn``."""
+             impl_grads: list[torch.Tensor], dtype: torch.dtype, seed: int,
+             terms: list[torch.Tensor | None] | None = None) -> FiniteDifference:
+    """:func:`equiv.numerics.check_vjp_fd` of the implementation's VJP against ``fn``
+    (``terms``: the size of each gradient element's terms, :func:`fd_terms`)."""
     args = tuple(leaf.detach().cpu() for leaf in plan.impl_leaves)
+    sizes = None if terms is None else tuple(None if t is None else t.cpu() for t in terms)
     return check_vjp_fd(fn, args, [c.cpu() for c in cots], tuple(g.cpu() for g in impl_grads),
-                        dtype=dtype, seed=seed)
+                        dtype=dtype, seed=seed, terms=sizes)
+
+
+def fd_terms(template: Template, plan: FDPlan, side: Side,
+             cots: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    """Per planned group, ``sum |term|`` of the implementation's own gradient (through its
+    retained graph, :func:`term_magnitude`) where the group overlaps (an expanded argument's
+    gradient sums one term per view: its float32 rounding is that of the terms, which the sum
+    can cancel); None for the others and where it cannot be taken."""
+    out: list[torch.Tensor | None] = []
+    for g, leaf in zip(plan.groups, plan.impl_leaves):
+        try:
+            t = None if g.simple else term_magnitude(template, g, side, plan.impl_values, cots)
+        except BaseException as e:  # the user's backward raised on a second pass
+            if not user_error(e):
+                raise
+            t = None
+        out.append(None if t is None or t.numel() != leaf.numel() else t.reshape(leaf.shape))
+    return out
 
 
 def fd_message(fd: FiniteDifference) -> str:
-    return (f"finite differences of the reference in float64 (central, step {fd.step:.2g}, "
-            f"along one direction): <cotangent, J v> = {fd.value:.6g}; the implementation's "
-            f"<vjp(cotangent), v> = {fd.analytic:.6g}; difference "
-            f"{abs(fd.value - fd.analytic):.3g}, allowed {fd.tolerance:.3g}")
+    if fd.nonfinite < 0:
+        return (f"the implementation's gradient is inf/NaN at {-fd.nonfinite} element(s) where "
+                "the reference's outputs are finite at every point finite differences "
+                "evaluated (float64)")
+    left = (f"; {fd.nonfinite} inf/NaN gradient element(s) left out (the reference's outputs "
+            "are inf/NaN too)") if fd.nonfinite else ""
+    return (f"finite differences of the reference in float64 (central, steps {2 * fd.step:.2g} "
+            f"and {fd.step:.2g}, along one direction): <cotangent, J v> = {fd.value:.6g}; the "
+            f"implementation's <vjp(cotangent), v> = {fd.analytic:.6g}; difference "
+            f"{abs(fd.value - fd.analytic):.3g}, allowed {fd.tolerance:.3g} (the finite "
+            f"difference's own error {fd.fd_error:.2g}, estimated from the two steps, + the "
+            f"rounding of the gradient's terms {fd.rounding:.2g}){left}")
 
 
 def summed_terms(template: Template, group: Any) -> float:

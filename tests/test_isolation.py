@@ -1,0 +1,337 @@
+"""A run you can trust (part two): user code cannot reach later specs or equiv's comparisons,
+a forked child never reports, ``EQUIV_PROFILE`` is resolved after the targets load, time is
+bounded (``--timeout``, the ci profile's limit, a Hypothesis ``deadline``), a crashed xdist
+worker's item is in the report, and a compile mode that ran nothing in a graph is not
+compiled. Every probe of user code runs in a subprocess, through the public CLI or plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import equiv
+
+HEAD = """\
+import os, sys, time, warnings
+import torch, torch.testing
+import hypothesis, hypothesis.strategies as st
+import equiv
+from equiv import equivalent_to
+from equiv.strategies import tensors
+
+def vec(dtype=torch.float32):
+    return st.tuples(tensors(shape=(3,), dtype=dtype))
+"""
+
+QUICK = ["--modes", "eager", "--max-examples", "3", "--seed", "1"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "EQUIV_PROFILE")}
+    env.update(extra)
+    return env
+
+
+def equiv_check(tmp_path: Path, body: str, *args: str, env: dict[str, str] | None = None,
+                timeout: float = 600) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """``equiv check specs_probe.py ARGS --json r.json`` in a subprocess: (process, report)."""
+    (tmp_path / "specs_probe.py").write_text(HEAD + textwrap.dedent(body))
+    report = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "equiv", "check", "specs_probe.py", *args,
+                           "--json", str(report)], cwd=tmp_path, env=env or _env(),
+                          capture_output=True, text=True, timeout=timeout)
+    doc = json.loads(report.read_text()) if report.exists() else None
+    return proc, doc
+
+
+def verdicts(doc: dict) -> dict[str, str]:
+    return {r["spec"].rsplit(".", 1)[1]: r["verdict"] for r in doc["results"]}
+
+
+# -- isolation ----------------------------------------------------------------------------------
+LEAKS = """
+def double(x): return x * 2
+def plus_one(x): return x + 1
+def warns(x):
+    warnings.warn("harmless", UserWarning)
+    return x + 1
+
+@equivalent_to(double, inputs=vec())
+def a_warnings(x):
+    warnings.simplefilter("error")          # a filter left behind
+    return x * 2
+
+@equivalent_to(double, inputs=vec())
+def a_comparisons(x):
+    torch.equal = lambda a, b: True         # equiv's comparisons replaced
+    torch.testing.assert_close = lambda *a, **k: None
+    return x * 2
+
+@equivalent_to(double)
+def a_hooks(x: torch.Tensor) -> torch.Tensor:
+    torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t).__enter__()
+    return x * 2
+
+@equivalent_to(double, inputs=vec())
+def a_cwd(x):
+    os.chdir("/")
+    return x * 2
+
+@equivalent_to(double, inputs=vec())
+def a_recursion(x):
+    sys.setrecursionlimit(30)
+    return x * 2
+
+@equivalent_to(warns, inputs=vec())
+def v_warnings(x):                          # correct: the reference's warning is no error
+    return x + 1
+
+@equivalent_to(plus_one, inputs=vec())
+def v_comparisons(x):                       # wrong: must fail
+    return x + 2
+
+def exp(x): return x.exp()
+@equivalent_to(exp)
+def v_hooks(x: torch.Tensor) -> torch.Tensor:   # correct: its saves keep the version check
+    return x.exp()
+
+@equivalent_to(plus_one, inputs=vec())
+def v_cwd(x):                               # correct, as long as it runs where it started
+    assert os.getcwd() != "/", "the working directory leaked from another spec"
+    return x + 1
+
+@equivalent_to(plus_one, inputs=vec())
+def v_recursion(x):                         # correct
+    return x + 1
+"""
+
+
+def test_user_code_cannot_reach_later_specs(tmp_path):
+    """Warnings filters, replaced torch.equal/assert_close, an entered saved_tensors_hooks
+    context, a changed working directory and recursion limit are restored after each call of
+    user code: the later correct specs pass and the wrong one fails."""
+    proc, doc = equiv_check(tmp_path, LEAKS, *QUICK)
+    assert doc is not None, proc.stderr[-3000:]
+    got = verdicts(doc)
+    assert got["v_comparisons"] == "fail", proc.stdout[-3000:]
+    for name in ("v_warnings", "v_hooks", "v_cwd", "v_recursion"):
+        assert got[name] == "pass", (name, proc.stdout[-4000:])
+    for name in ("a_warnings", "a_comparisons", "a_cwd"):  # leaking is not wrong in itself
+        assert got[name] == "pass", (name, proc.stdout[-4000:])
+    assert (tmp_path / "r.json").exists()  # written where the run started, not in "/"
+    assert proc.returncode == 1
+
+
+def test_a_forked_child_never_reports(tmp_path):
+    proc, doc = equiv_check(tmp_path, """
+        def double(x): return x * 2
+        FORKED = []
+
+        @equivalent_to(double, inputs=vec())
+        def forks(x):
+            if not FORKED:
+                FORKED.append(os.fork())
+            return x * 2
+        """, *QUICK)
+    time.sleep(0.5)  # a child still running would print after the parent
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert proc.stdout.count("spec ") == 1, proc.stdout   # one table: one process reported
+    assert proc.stdout.count("1 pass") == 1, proc.stdout
+    assert verdicts(doc) == {"forks": "pass"}
+
+
+# -- EQUIV_PROFILE ------------------------------------------------------------------------------
+def test_an_unknown_environment_profile_is_a_clear_usage_error(tmp_path):
+    proc, doc = equiv_check(tmp_path, """
+        def double(x): return x * 2
+        @equivalent_to(double, inputs=vec())
+        def fine(x): return x * 2
+        """, *QUICK, env=_env(EQUIV_PROFILE="nope"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert "EQUIV_PROFILE='nope' names no equiv settings profile" in proc.stderr
+    assert "['ci', 'default', 'thorough']" in proc.stderr
+    assert doc is None
+    imported = subprocess.run([sys.executable, "-c", "import equiv"], env=_env(
+        EQUIV_PROFILE="nope"), capture_output=True, text=True, timeout=300)
+    assert imported.returncode == 0, imported.stderr[-2000:]
+
+
+def test_the_environment_profile_may_be_one_a_target_registers(tmp_path):
+    proc, doc = equiv_check(tmp_path, """
+        equiv.settings.register_profile("mine", max_examples=2, modes=("eager",))
+        def double(x): return x * 2
+        @equivalent_to(double, inputs=vec())
+        def fine(x): return x * 2
+        """, env=_env(EQUIV_PROFILE="mine"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert "profile=mine modes=eager devices=cpu max_examples=2" in proc.stdout
+    assert doc["profile"] == "mine"
+
+
+def test_pytest_reports_an_unknown_environment_profile_as_a_usage_error(tmp_path):
+    (tmp_path / "specs_probe.py").write_text(HEAD + textwrap.dedent("""
+        def double(x): return x * 2
+        @equivalent_to(double, inputs=vec())
+        def fine(x): return x * 2
+        """))
+    (tmp_path / "test_probe.py").write_text(
+        "import specs_probe\nfrom equiv.pytest import tests_for\n"
+        "test_fine = tests_for(specs_probe.fine)\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", "test_probe.py", "--equiv-modes=eager"],
+                          cwd=tmp_path,
+                          env=_env(EQUIV_PROFILE="nope"), capture_output=True, text=True,
+                          timeout=300)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 4, text[-3000:]  # pytest's usage-error status
+    assert "INTERNALERROR" not in text
+    assert "EQUIV_PROFILE='nope' names no equiv settings profile" in text
+
+
+# -- time ---------------------------------------------------------------------------------------
+def test_a_hypothesis_deadline_and_a_hang_are_timeouts(tmp_path):
+    """The user's Hypothesis deadline is a TIMEOUT finding (exit 1), not an error; a kernel
+    that never returns ends with TIMEOUT under --timeout, in bounded time."""
+    start = time.monotonic()
+    proc, doc = equiv_check(tmp_path, """
+        def plus_one(x): return x + 1
+
+        @equivalent_to(plus_one, inputs=vec(), settings=equiv.settings(
+            timeout=60, hypothesis_settings=hypothesis.settings(deadline=20)))
+        def sleepy(x):
+            time.sleep(0.04)
+            return x + 1
+
+        @equivalent_to(plus_one, inputs=vec())
+        def hangs(x):
+            while True:
+                time.sleep(0.05)
+        """, *QUICK, "--timeout", "2", timeout=300)
+    assert time.monotonic() - start < 240
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    rows = {r["spec"].rsplit(".", 1)[1]: r for r in doc["results"]}
+    assert rows["sleepy"]["verdict"] == "fail"
+    assert rows["sleepy"]["reason"].startswith("TIMEOUT:"), rows["sleepy"]["reason"]
+    assert "Hypothesis deadline=20ms" in rows["sleepy"]["reason"]
+    assert "please report a bug" not in proc.stdout
+    assert rows["hangs"]["reason"].startswith("TIMEOUT:"), rows["hangs"]["reason"]
+    assert "longer than timeout=2s" in rows["hangs"]["reason"]
+    assert "--timeout=2" in proc.stdout  # the reproduce line keeps the limit
+
+
+def test_the_ci_profile_limits_each_example():
+    assert equiv.settings.get_profile("ci").timeout == 300
+    assert equiv.settings.get_profile("default").timeout is None
+
+
+def test_pytest_equiv_timeout_ends_a_hang(tmp_path):
+    (tmp_path / "specs_probe.py").write_text(HEAD + textwrap.dedent("""
+        def plus_one(x): return x + 1
+        @equivalent_to(plus_one, inputs=vec())
+        def hangs(x):
+            while True:
+                time.sleep(0.05)
+        """))
+    (tmp_path / "test_probe.py").write_text(
+        "import specs_probe\nfrom equiv.pytest import tests_for\n"
+        "test_hangs = tests_for(specs_probe.hangs)\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", "test_probe.py", "--equiv-modes=eager",
+                           "--equiv-timeout=1.5", "--equiv-max-examples=2"], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "an example ran longer than timeout=1.5s" in proc.stdout
+    assert "--equiv-timeout=1.5" in proc.stdout  # in the reproduce line
+
+
+# -- memory on the failure path ----------------------------------------------------------------
+def test_shrinking_keeps_no_copy_of_past_examples(tmp_path):
+    """While Hypothesis shrinks a failure, the examples it already ran are freed: at most one
+    drawn example is alive when the implementation runs (bench/failure_memory.py measures the
+    peak at 1e7 elements)."""
+    script = tmp_path / "probe.py"
+    script.write_text(HEAD + textwrap.dedent("""
+        import gc, weakref
+        DRAWN, ALIVE = [], []
+        def remember(args):
+            DRAWN.append(weakref.ref(args[0]))
+            return args
+        def ref(x): return x * 2 + 1
+        @equivalent_to(ref, inputs=vec().map(remember))
+        def kernel(x):
+            gc.collect()
+            ALIVE.append(sum(r() is not None for r in DRAWN))
+            return x * 2 + 1.001
+        report = equiv.check(kernel, modes=("eager",), seed=0, max_examples=20,
+                             raise_on_failure=False, settings=equiv.settings(
+                                 hypothesis_settings=hypothesis.settings(database=None)))
+        print("RESULT", report.ok, len(DRAWN), max(ALIVE))
+        """))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=600)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
+    assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
+    ok, drawn, alive = line[0].split()[1:]
+    assert ok == "False" and int(drawn) >= 3, line
+    assert int(alive) <= 1, line
+
+
+# -- compile honesty ----------------------------------------------------------------------------
+def test_a_compiler_disabled_implementation_is_not_compiled(tmp_path):
+    proc, doc = equiv_check(tmp_path, """
+        def sine(x): return x.sin()
+
+        @equivalent_to(sine)
+        @torch.compiler.disable
+        def disabled(x: torch.Tensor) -> torch.Tensor:
+            return x.sin()
+
+        @equivalent_to(sine)
+        def compiles(x: torch.Tensor) -> torch.Tensor:
+            return x.sin()
+        """, "--modes", "compile[aot_eager]", "--max-examples", "2", "--seed", "1")
+    assert doc is not None, proc.stderr[-3000:]
+    assert verdicts(doc) == {"disabled": "not-compiled", "compiles": "pass"}, proc.stdout
+    assert "compilations of the implementation" not in proc.stdout.split("disabled")[1][:300]
+    assert "Dynamo captured no graph of the implementation" in proc.stdout
+    assert proc.returncode == 1
+
+
+# -- xdist --------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_crashed_xdist_worker_item_is_an_error_row(tmp_path):
+    pytest.importorskip("xdist")
+    (tmp_path / "specs_probe.py").write_text(HEAD + textwrap.dedent("""
+        def plus_one(x): return x + 1
+        @equivalent_to(plus_one, inputs=vec())
+        def fine(x): return x + 1
+        @equivalent_to(plus_one, inputs=vec())
+        def exits(x): os._exit(3)
+        @equivalent_to(plus_one, inputs=vec())
+        def killed(x): os.kill(os.getpid(), 9)
+        """))
+    (tmp_path / "test_probe.py").write_text(
+        "import specs_probe\nfrom equiv.pytest import tests_for\n"
+        "test_all = tests_for(specs_probe)\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-n", "1", "test_probe.py", "--equiv-modes=eager",
+                           "--equiv-max-examples=2", "--equiv-report=r.json"], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    rows = {r["spec"].rsplit(".", 1)[1]: r for r in
+            json.loads((tmp_path / "r.json").read_text())["results"]}
+    assert set(rows) == {"fine", "exits", "killed"}, rows
+    assert rows["fine"]["verdict"] == "pass"
+    for name in ("exits", "killed"):
+        assert rows[name]["verdict"] == "error"
+        assert "crashed while running" in rows[name]["reason"]
+        assert f"test_probe.py::{name}[eager-cpu]" in rows[name]["reason"]
+        assert rows[name]["mode"] == "eager" and rows[name]["device"] == "cpu"
