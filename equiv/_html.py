@@ -67,13 +67,42 @@ def render_html(doc: dict[str, Any]) -> str:
         "INCOMPLETE: the run ended early; only the results that finished are shown.</p>",
         _summary_table(results),
     ]
-    n = 0
-    for r in results:
-        for f in r.get("findings", []):
-            n += 1
-            parts.append(_finding(n, r, f))
+    parts.extend(_findings(results))
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _findings(results: list[dict[str, Any]]) -> list[str]:
+    """Each root finding as a section, its follow-ons (``caused_by``) folded under it in a
+    <details>; a follow-on whose root is not in the document stays a section of its own."""
+    keys = {(ri, i) for ri, r in enumerate(results) for i in range(len(r.get("findings", [])))}
+    under: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for ri, r in enumerate(results):
+        for i, f in enumerate(r.get("findings", [])):
+            c = f.get("caused_by")
+            root = None if not isinstance(c, dict) else (
+                ri if c.get("result") is None else c["result"], c.get("finding"))
+            if root in keys and root != (ri, i):
+                under.setdefault(root, []).append((ri, i))
+    folded = {k for v in under.values() for k in v}
+    parts, n = [], 0
+    for ri, r in enumerate(results):
+        for i, f in enumerate(r.get("findings", [])):
+            if (ri, i) in folded:
+                continue
+            n += 1
+            parts.append(_finding(n, r, f))
+            mine = under.get((ri, i), [])
+            if mine:
+                labels = ", ".join(f"{results[a]['findings'][b].get('check')} "
+                                   f"({results[a]['findings'][b].get('mode')})" for a, b in mine)
+                parts.append(f'<details class="follow-ons"><summary>+{len(mine)} follow-on '
+                             f"finding{'s' if len(mine) != 1 else ''}: {escape(labels)}"
+                             "</summary>")
+                for k, (a, b) in enumerate(mine, 1):
+                    parts.append(_finding(f"{n}.{k}", results[a], results[a]["findings"][b]))
+                parts.append("</details>")
+    return parts
 
 
 def _summary_table(results: list[dict[str, Any]]) -> str:
@@ -93,7 +122,7 @@ def _summary_table(results: list[dict[str, Any]]) -> str:
     return "".join(rows)
 
 
-def _finding(n: int, r: dict[str, Any], f: dict[str, Any]) -> str:
+def _finding(n: int | str, r: dict[str, Any], f: dict[str, Any]) -> str:
     nums = f.get("numbers") or {}
     facts = [("spec", r.get("spec")), ("check", f.get("check")), ("mode", f.get("mode")),
              ("device", f.get("device")), ("dtype", f.get("dtype")),

@@ -102,7 +102,26 @@ def finding_dict(f: Finding) -> dict[str, Any]:
         "reproduce": f.reproduce,
         "timeline": [_event(e) for e in (getattr(f, "timeline", None) or ())],
         "message": f.render(),
+        # its root: {"result": index in the document's results (null: this one), "finding": i}
+        "caused_by": None if f.caused_by is None else {"result": None, "finding": f.caused_by},
     }
+
+
+def linked(results: Iterable[Result]) -> dict[tuple[int, int], tuple[int, int] | None]:
+    """(result index, finding index) -> the (result, finding) of its root, or None for a root.
+    The findings of one spec's results are linked together (equiv._roots): the same
+    divergence in a second mode, run as its own result, follows the eager one."""
+    from equiv._roots import causes
+
+    by_spec: dict[str, list[tuple[int, int, Finding]]] = {}
+    for r, res in enumerate(results):
+        for i, f in enumerate(res.report.findings if res.report is not None else ()):
+            by_spec.setdefault(res.spec, []).append((r, i, f))
+    out: dict[tuple[int, int], tuple[int, int] | None] = {}
+    for flat in by_spec.values():
+        for (r, i, _), c in zip(flat, causes([f for _, _, f in flat])):
+            out[r, i] = None if c is None else flat[c][:2]
+    return out
 
 
 def _event(e: Any) -> dict[str, Any]:
@@ -293,7 +312,13 @@ def document(results: Iterable[Result | dict[str, Any]], *, tool: str, profile: 
     ``"nan"``). ``complete=False``: the run ended early, ``results`` are those that finished."""
     import equiv
 
+    results = list(results)
     rows = [r if isinstance(r, dict) else r.to_dict() for r in results]
+    objects = [r for r in results if not isinstance(r, dict)]
+    if len(objects) == len(rows):
+        for (r, i), root in linked(objects).items():
+            rows[r]["findings"][i]["caused_by"] = None if root is None else {
+                "result": root[0], "finding": root[1]}
     return strict({
         "schema": SCHEMA,
         "complete": complete,

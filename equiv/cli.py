@@ -353,7 +353,7 @@ def _list(specs: list[Any], out: TextIO) -> None:
 
 def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO) -> int:
     import equiv
-    from equiv._results import LABELS, combinations, document, nothing_ran
+    from equiv._results import LABELS, combinations, document, linked, nothing_ran
 
     cfg = equiv.settings.default()
     seed_text = "derandomized" if cfg.derandomize else f"--seed={cfg.seed}"
@@ -372,7 +372,8 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
         os._exit(0)
     if not interrupted:
         results[:] = nothing_ran(results)
-    _table(results, out)
+    links = linked(results)
+    _table(results, out, links)
     _registered(args, out)
     skipped = [r for r in results if r.verdict == "skipped"]
     if skipped:  # what was not checked, and why (one line each)
@@ -385,16 +386,16 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
     if unchecked:  # a pass that left something out says what (one line each)
         print(file=out)
         for r, note in unchecked:
-            print(_visible(f"not compared: {r.spec} [{r.mode}-{r.device}]: {note[:240]}",
+            print(_visible(f"not compared: {r.spec} [{r.mode}-{r.device}]: {note}",
                            lines=False), file=out)
-    for r in results:
+    for ri, r in enumerate(results):
         if r.verdict in ("pass", "skipped"):
             continue
         print(file=out)
         print(_visible(f"== {r.label}: {r.spec} [{r.mode}-{r.device}] ==", lines=False),
               file=out)
         if r.report is not None and r.report.findings:
-            print(_visible(r.report.render()), file=out)
+            print(_visible(_rendered(results, ri, links)), file=out)
         else:
             print(_visible(r.reason), file=out)
     counts = {v: sum(r.verdict == v for r in results) for v in LABELS}
@@ -478,14 +479,32 @@ def _write_reports(args: argparse.Namespace, doc: dict[str, Any], err: TextIO) -
     return True
 
 
-def _table(results: list[Any], out: TextIO) -> None:
+def _rendered(results: list[Any], ri: int, links: dict[tuple[int, int], Any]) -> str:
+    """Result ``ri``'s report: each root with its follow-ons (from every result of the spec)
+    folded under it; a follow-on of a root in another result names that root."""
+    from equiv.report import count_findings, render_findings
+
+    keys = [k for k in links if results[k[0]].spec == results[ri].spec]
+    findings = [results[r].report.findings[i] for r, i in keys]
+    causes = [None if links[k] is None else keys.index(links[k]) for k in keys]
+    shown = [n for n, k in enumerate(keys) if k[0] == ri]
+    roots = sum(causes[n] is None for n in shown)
+    report = results[ri].report
+    lines = [report.headline(count_findings(roots, len(shown) - roots)), *report.preamble()]
+    return "\n".join(lines + render_findings(findings, causes, shown))
+
+
+def _table(results: list[Any], out: TextIO, links: dict[tuple[int, int], Any]) -> None:
     rows = [("spec", "mode", "device", "verdict", "examples", "findings")]
-    for r in results:
+    for ri, r in enumerate(results):
         valid = r.report.examples_run - r.report.invalid_examples if r.report else None
+        n = len(r.report.findings) if r.report else 0
+        roots = sum(links.get((ri, i)) is None for i in range(n))
         rows.append((_visible(r.spec, lines=False), _visible(r.mode, lines=False),
                      _visible(r.device, lines=False), r.label,
                      str(valid) if r.report else "-",
-                     str(len(r.report.findings)) if r.report else "-"))
+                     (str(roots) + (f" (+{n - roots})" if n > roots else "")) if r.report
+                     else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for j, row in enumerate(rows):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import inspect
 import re
+import textwrap
 from typing import Any, Callable, Mapping
 
 import torch
@@ -408,7 +409,10 @@ def example_code(ms: _ModuleSpec, example: Any) -> str:
         lines.append(f"    {n!r}: {_tensor_code(t.detach())},")
     lines.append("}")
     lines.append("ref.load_state_dict(state)")
-    mapping = "state" if ms.state_map is None else f"{_label(ms.state_map)}(state)"
+    mapping = "state"
+    if ms.state_map is not None:
+        mapping = f"{_label(ms.state_map)}(state)"
+        lines[1:1] = _definition(ms.state_map)
     lines.append(f"impl.load_state_dict({mapping})")
     lines.append(f"ref.train({training}); impl.train({training})")
     call = []
@@ -424,6 +428,20 @@ def example_code(ms: _ModuleSpec, example: Any) -> str:
     for _ in range(calls):
         lines.append(f"out, expected = impl({text}), ref({text})")
     return "\n".join(lines)
+
+
+def _definition(fn: Any) -> list[str]:
+    """Lines that bring ``fn`` into the printed code: an import when it is a module-level
+    function, else its source (a nested ``def``), else a comment saying it must be defined."""
+    mod, qn = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if mod and qn and "<" not in qn and "." not in qn:
+        return [f"from {mod} import {qn}"]
+    if getattr(fn, "__name__", "") != "<lambda>":
+        try:
+            return textwrap.dedent(inspect.getsource(fn)).rstrip().splitlines()
+        except (OSError, TypeError):
+            pass
+    return [f"# {_label(fn)}: the state_map= callable (not importable): define it here"]
 
 
 def _ctor(side: Any, name: str, args: str) -> str:

@@ -187,6 +187,12 @@ class NumericMismatch(Mismatch):
     baseline_overflow: int = 0
     #: the rounding spread of the reference's intermediates at the worst element, when given
     spread: float | None = None
+    #: the implementation's value at the worst element when it is not finite ("NaN", "inf")
+    worst_nonfinite: str | None = None
+    #: mismatched elements where the oracle is exactly 0 (no ULP distance there), and the
+    #: worst ULP distance over the elements where it is not
+    zero_oracle_mismatched: int = 0
+    ulp_max_nonzero: float | None = None
 
     @property
     def rounding_level(self) -> bool:
@@ -241,7 +247,7 @@ def _worst(excess: torch.Tensor) -> tuple[int, tuple[int, ...]]:
 def _ulp_stats(diff: torch.Tensor, oracle: torch.Tensor,
                dtype: torch.dtype) -> tuple[float, float | None]:
     d = (diff / ulp(_to64(oracle).abs(), dtype)).reshape(-1)
-    d = torch.nan_to_num(d, nan=math.inf)
+    d = torch.nan_to_num(d, nan=math.inf, posinf=math.inf)
     p99 = float(torch.quantile(d, 0.99)) if d.numel() >= P99_MIN_ELEMENTS and \
         d.numel() <= 16_000_000 else None
     return float(d.max()), p99
@@ -305,8 +311,34 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
         floor_ulps=floor_ulps, floor_at=float(floor.reshape(-1)[flat]), ulp_max=u_max,
         baseline_ulp_max=b_ulp, ulp_p99=u_p99, elements=diff.numel(),
         mismatched=int(bad.sum()), baseline_overflow=overflow,
-        spread=None if spread is None else float(spread.reshape(-1)[flat]))
+        spread=None if spread is None else float(spread.reshape(-1)[flat]),
+        worst_nonfinite=_nonfinite(_to64(actual).reshape(-1)[flat]),
+        **_zero_oracle(diff, oracle, bad, dtype))
     return dataclasses.replace(m, message=describe(m))
+
+
+def _nonfinite(v: torch.Tensor) -> str | None:
+    """"NaN", "inf" or "-inf" for a non-finite scalar (complex: its worst part), else None."""
+    if bool(torch.isfinite(v)):
+        return None
+    parts = [v.real, v.imag] if v.is_complex() else [v]
+    if any(bool(torch.isnan(p)) for p in parts):
+        return "NaN"
+    return "-inf" if any(float(p) < 0 for p in parts if bool(torch.isinf(p))) else "inf"
+
+
+def _zero_oracle(diff: torch.Tensor, oracle: torch.Tensor, bad: torch.Tensor,
+                 dtype: torch.dtype) -> dict[str, Any]:
+    """The mismatched elements at an exact 0 of the oracle (where a ULP distance means
+    nothing), and the worst ULP distance elsewhere."""
+    o = _to64(oracle).reshape(-1)
+    zero = o == 0
+    n = int((bad.reshape(-1) & zero).sum())
+    if not n:
+        return {}
+    rest = ~zero
+    worst = _ulp_stats(diff.reshape(-1)[rest], o[rest], dtype)[0] if bool(rest.any()) else None
+    return {"zero_oracle_mismatched": n, "ulp_max_nonzero": worst}
 
 
 def _fallback(actual: torch.Tensor, baseline: torch.Tensor | None, *, dtype: torch.dtype,
@@ -335,17 +367,35 @@ def describe(m: NumericMismatch) -> str:
             m.floor <= m.floor_ulps * m.spread and (m.floor_at or 0.0) <= m.floor:
         floor = (f"{m.floor_ulps:.3g}x the rounding spread of the reference's intermediates "
                  f"{m.spread:.2g}")
+    error = (f"{m.impl_error:.3g}" if m.worst_nonfinite is None else
+             f"{m.worst_nonfinite} (the implementation's value is {m.worst_nonfinite})")
     lines = [
-        f"implementation max error {m.impl_error:.3g} vs {oracle_name(m.dtype)}, "
+        f"implementation max error {error} vs {oracle_name(m.dtype)}, "
         f"{_own_error(m)}, allowed {m.k:g}x + {floor} = {m.allowed:.3g}{at}",
         f"Mismatched elements: {m.mismatched} / {m.elements} "
         f"({100.0 * m.mismatched / max(m.elements, 1):.1f}%)",
-        f"ULP distance from {oracle_name(m.dtype)} (in {m.dtype} ulps): max {m.ulp_max:.3g}"
-        + (f", p99 {m.ulp_p99:.3g}" if m.ulp_p99 is not None else ""),
+        _ulp_line(m),
     ]
     if m.baseline_error is not None and m.floor is not None and m.rounding_level:
         lines.append(_rounding_line(m))
     return "\n".join(lines)
+
+
+def _ulp_line(m: NumericMismatch) -> str:
+    """The ULP distance, only where it means something: none to a non-finite value, none
+    at an exact 0 of the oracle (the spacing there is the smallest subnormal's)."""
+    head = f"ULP distance from {oracle_name(m.dtype)} (in {m.dtype} ulps): "
+    if m.worst_nonfinite is not None:
+        return head + f"none at the worst element (the implementation's value is " \
+            f"{m.worst_nonfinite})"
+    if m.zero_oracle_mismatched:
+        elsewhere = (f"max {m.ulp_max_nonzero:.3g} where {oracle_name(m.dtype)} is nonzero; "
+                     if m.ulp_max_nonzero is not None else "")
+        return head + elsewhere + (f"none at the {m.zero_oracle_mismatched} mismatched "
+                                   f"element(s) where {oracle_name(m.dtype)} is exactly 0 (the "
+                                   "error there is absolute)")
+    return head + f"max {m.ulp_max:.3g}" + (f", p99 {m.ulp_p99:.3g}" if m.ulp_p99 is not None
+                                            else "")
 
 
 def _own_error(m: NumericMismatch) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+import math
+from typing import Any, Iterable, Sequence
 
 from equiv._catalog import FAILURE_CLASSES
 from equiv.errors import EquivalenceFailure
@@ -51,6 +52,10 @@ class Finding:
     #: events of the implementation's run under the timeline recorder (JSON-able dicts);
     #: derived evidence, so left out of ==/hash (a Finding stays hashable)
     timeline: tuple[dict[str, Any], ...] = dataclasses.field(default=(), compare=False)
+    #: the index in the report's findings of the root finding this one is a consequence of
+    #: (the gradients after a forward mismatch on the same example, the same divergence in a
+    #: second mode...), or None for a root (equiv._roots decides)
+    caused_by: int | None = None
 
     @property
     def failure_class(self) -> type[EquivalenceFailure]:
@@ -115,7 +120,9 @@ class Finding:
     def _verdict(self) -> str:
         if self.rule == "baseline":
             level = " (rounding-level)" if self.rounding_level else ""
-            return (f"baseline-relative (k={self.k:g}): implementation error {self.impl_error:.3g} "
+            error = (f"{self.impl_error:.3g}" if self.impl_error is None
+                     or math.isfinite(self.impl_error) else "non-finite (NaN or inf, above)")
+            return (f"baseline-relative (k={self.k:g}): implementation error {error} "
                     f"vs {oracle_name(self.dtype)}, the reference's own error "
                     f"{self.baseline_error:.3g} at this dtype, allowed {self.allowed:.3g}{level}")
         return "per-dtype default tolerance (no float64 oracle: see the note)"
@@ -180,9 +187,14 @@ class Report:
         return not self.findings and (not self.runs or any(r.status != "skipped"
                                                            for r in self.runs))
 
-    def headline(self) -> str:
-        verdict = "equivalent" if self.ok else (
-            f"{len(self.findings)} finding{'s' if len(self.findings) != 1 else ''}")
+    def roots(self) -> tuple[Finding, ...]:
+        """The findings no earlier one explains (:attr:`Finding.caused_by` is None)."""
+        return tuple(f for f in self.findings if f.caused_by is None)
+
+    def headline(self, verdict: str | None = None) -> str:
+        """The summary line; it counts root findings (``verdict`` replaces that count)."""
+        verdict = verdict or ("equivalent" if self.ok else count_findings(
+            len(self.roots()), len(self.findings) - len(self.roots())))
         return (
             f"equiv: {self.implementation} vs {self.reference}: {verdict} "
             f"({self.examples_run} examples, {self.invalid_examples} rejected as invalid; "
@@ -190,17 +202,17 @@ class Report:
             f"{'derandomized' if self.seed is None else f'seed {self.seed}'})"
         )
 
-    def render(self) -> str:
-        parts = [self.headline()]
-        if self.settings:
-            parts.append(f"  settings: {self.settings}")
+    def preamble(self) -> list[str]:
+        """The lines between the headline and the findings: settings, runs, notes."""
+        parts = [f"  settings: {self.settings}"] if self.settings else []
         parts.extend(f"  mode {r.render()}" for r in self.runs)
         parts.extend(f"  note: {n}" for n in self.notes)
-        for i, f in enumerate(self.findings, 1):
-            parts.append("")
-            if len(self.findings) > 1:
-                parts.append(f"[{i}/{len(self.findings)}]")
-            parts.append(f.render())
+        return parts
+
+    def render(self) -> str:
+        parts = [self.headline(), *self.preamble()]
+        causes = [f.caused_by for f in self.findings]
+        parts.extend(render_findings(self.findings, causes, range(len(self.findings))))
         return "\n".join(parts)
 
     __str__ = render
@@ -225,3 +237,46 @@ class Report:
         classes = {f.failure_class for f in self.findings}
         cls = classes.pop() if len(classes) == 1 else EquivalenceFailure
         raise cls(self)
+
+
+def count_findings(roots: int, follow_ons: int) -> str:
+    """"2 findings (+3 follow-ons)": the roots, and the findings they explain."""
+    if not roots and follow_ons:
+        return f"only follow-on findings ({follow_ons}) of findings shown elsewhere"
+    text = f"{roots} finding{'s' if roots != 1 else ''}"
+    return text + (f" (+{follow_ons} follow-on{'s' if follow_ons != 1 else ''})"
+                   if follow_ons else "")
+
+
+def follow_on_label(f: Finding) -> str:
+    return f"{f.check} ({f.mode}{'' if f.device == 'cpu' else ', ' + f.device})"
+
+
+def render_findings(findings: Sequence[Finding], causes: Sequence[int | None],
+                    shown: Iterable[int]) -> list[str]:
+    """The text of the findings at indices ``shown``: each root in full with its follow-ons
+    (from all of ``findings``; ``causes[i]`` is the root index of finding ``i`` or None)
+    folded under it, one line each; a follow-on whose root is not shown names its root."""
+    shown = list(shown)
+    roots = [i for i in shown if causes[i] is None]
+    lines: list[str] = []
+    for k, i in enumerate(roots, 1):
+        lines.append("")
+        if len(roots) > 1:
+            lines.append(f"[{k}/{len(roots)}]")
+        lines.append(findings[i].render())
+        mine = [j for j, c in enumerate(causes) if c == i]
+        if mine:
+            lines.append(f"+{len(mine)} follow-on finding{'s' if len(mine) != 1 else ''}: "
+                         + ", ".join(follow_on_label(findings[j]) for j in mine))
+            lines.extend(f"  {follow_on_label(findings[j])}: {findings[j].kind}: "
+                         f"{findings[j].headline}" for j in mine)
+    for j in shown:
+        c = causes[j]
+        if c is not None and c not in shown:
+            root = findings[c]
+            lines += ["", f"follow-on {follow_on_label(findings[j])}: {findings[j].kind}: "
+                      f"{findings[j].headline}",
+                      f"  a consequence of {follow_on_label(root)}: {root.kind}: "
+                      f"{root.headline} (shown in full there)"]
+    return lines

@@ -23,6 +23,7 @@ from equiv.compare import dtype_tolerances
 from equiv._catalog import ROWS
 from equiv.errors import GradientMismatch, InvalidArgument, error_text, user_error
 from equiv.modes import Mode, ModeRun, NotCompiled, device_unavailable, parse_mode
+from equiv._roots import EAGER_TOO, with_causes
 from equiv._watchdog import ExampleTimeout, deadline_timeout, per_example
 from equiv.execution.calls import isolated, owned_process
 from equiv.execution.record import Placement
@@ -164,7 +165,8 @@ def _check(spec: Spec, cfg: Settings, mode_objs: list[Mode],
                         "dtype and device with that dtype's tolerance")
     return Report(
         spec=spec.name, implementation=spec.implementation, reference=spec.reference,
-        findings=tuple(_dedupe(findings)), seed=run_seed, examples_run=stats["runs"],
+        findings=tuple(with_causes(_dedupe(findings))), seed=run_seed,
+        examples_run=stats["runs"],
         invalid_examples=stats["invalid"], first_failure_at=stats["first_failure"] or None,
         modes=tuple(m.name for m in mode_objs),
         devices=cfg.devices, checks=cfg.checks, notes=tuple(notes), settings=cfg.summary(),
@@ -756,8 +758,7 @@ def _write_only_read(spec: Spec, cfg: Settings, state: ModeRun, device: str, fou
 
 def _attribution(f: Finding, mode: Mode, eager_checks: set[str], ref_diverges: set[str]) -> str:
     if f.check in eager_checks:
-        return (f"the implementation fails this check in eager mode too on this example: not "
-                f"specific to {mode.name}.")
+        return f"{EAGER_TOO}: not specific to {mode.name}."
     if ref_diverges:
         return (f"the compiler diverges from eager on this program (not specific to your "
                 f"implementation): the reference run under {mode.name} also differs from the "

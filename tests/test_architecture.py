@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "equiv.checks": 3,
     # runner
     "equiv.pipeline": 4, "equiv.run": 4, "equiv._watchdog": 4, "equiv._assert": 4,
+    "equiv._roots": 4,
     # results, CLI, pytest, the public package
     "equiv._results": 5, "equiv._html": 5, "equiv._bench": 5, "equiv._loader": 5, "equiv._lab": 5,
     "equiv._reports": 5,
