@@ -149,8 +149,9 @@ def _vary(draw: Any, example: Any, choice: str, signature: inspect.Signature,
     allowed = [n for n in names if own(n, "aliasing-mutated")
                or (n not in mutated and own(n, "aliasing"))]
     pairs = _alias_pairs(choice, values, allowed)
-    if roles is not None and pairs and choice in _ALIAS_CHOICES:
-        pairs = _apart(pairs, values, roles.constants(values))
+    if pairs and choice in _ALIAS_CHOICES:
+        pairs = _apart(pairs, values, roles.constants(values) if roles is not None
+                       else frozenset())
     if choice in _ALIAS_CHOICES and not pairs:
         if "layouts" not in kinds:
             return example, NO_VARIANT
@@ -203,12 +204,17 @@ def _alias_pairs(choice: str, values: dict, allowed: list[str]) -> list[tuple[st
 
 def _apart(pairs: list[tuple[str, str]], values: dict,
            constants: frozenset[str]) -> list[tuple[str, str]]:
-    """``pairs`` without a constant paired with an argument that requires grad (one
-    grad-requiring base would make the constant require grad)."""
+    """``pairs`` without a constant, or an argument the example gives without requires_grad,
+    paired with an argument that requires grad: one grad-requiring base would make it require
+    grad, a call the example never makes (a kernel may refuse it: ATen's "This input cannot
+    have requires_grad True" for a loss weight)."""
     def grad(n: str) -> bool:
         return bool(values[n].requires_grad)
+
+    def fixed(n: str) -> bool:
+        return n in constants or not grad(n)
     return [(a, b) for a, b in pairs
-            if not ((a in constants and grad(b)) or (b in constants and grad(a)))]
+            if not ((fixed(a) and grad(b)) or (fixed(b) and grad(a)))]
 
 
 def _alias(draw: Any, choice: str, values: dict, pairs: list, mutated: frozenset) -> Variant:
