@@ -124,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="write an HTML page with plots of time and memory against size")
     q = sub.add_parser("list", help="list the specs found in the targets and their contracts")
     q.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE")
-    for command in (p, q):
+    for command in (p, q, b):
         command.add_argument("-k", dest="keyword", default=None, metavar="EXPR",
                              help="only the specs whose name matches EXPR (pytest's -k: "
                                   "case-insensitive substrings with and, or, not, parentheses)")
