@@ -13,7 +13,7 @@ from equiv._catalog import CATALOG
 from equiv.checks import no_grad, output_stability, state_across_calls
 from equiv.examples import Template
 from equiv.execution.calls import CHEAP_COTANGENT_ABOVE, cotangent
-from equiv.execution.record import Sink, judge_run
+from equiv.execution.record import UPDATE_PATHS, Sink, judge_run
 
 from conftest import execution
 
@@ -273,8 +273,10 @@ def test_the_expected_state_copies_only_what_the_reference_wrote():
 
 def test_output_stability_and_state_across_calls_share_one_call_on_new_values():
     """The costly checks' extra calls: output-stability's second call on new values is the
-    first of state-across-calls' three, so a clean costly example calls the implementation
-    1 (core) + 2 (no-grad) + 3 (state across calls) times outside the schedules."""
+    first of state-across-calls' calls, so a clean costly example calls the implementation
+    1 (core) + 2 (no-grad) + 2 + one per update path (state across calls: the shared call on
+    new values, a call, then a call after each way of updating the arguments) times outside
+    the schedules."""
     calls = []
 
     @equivalent_to(lambda x: x * 2)
@@ -287,7 +289,7 @@ def test_output_stability_and_state_across_calls_share_one_call_on_new_values():
     sink = Sink(ex.spec, ex.cfg, "eager", "cpu")
     for module in (no_grad, output_stability, state_across_calls):
         module.run(ex, sink)
-    assert not sink.findings and len(calls) == 1 + 2 + 3
+    assert not sink.findings and len(calls) == 1 + 2 + 2 + len(UPDATE_PATHS)
 
 
 def test_a_side_holding_the_reversed_values_reverses_each_storage():
