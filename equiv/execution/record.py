@@ -33,7 +33,7 @@ from equiv.execution.verdict import (
 )
 from equiv.memory import measure, retained
 from equiv.modes import normalise_error
-from equiv.numerics import NumericMismatch, oracle_dtype
+from equiv.numerics import NumericMismatch, oracle_disagreement, oracle_dtype
 from equiv.report import Finding
 from equiv.spec import Spec
 from equiv.strategies._derived import smooth_at
@@ -648,9 +648,30 @@ class Execution:
                        oracle=oracle, baseline=baseline, kind=kind, why=self.oracle_why,
                        device=self.device, terms=terms, cross=self.place.cross,
                        magnitude=magnitude, example_size=lambda: self._example_size(kind),
-                       rounding=rounding, precision=precision)
+                       rounding=rounding, precision=precision,
+                       same_function=None if kind == "outputs" else self.oracle_agrees)
         overlapping = group is not None and not group.simple
         return self._precision_difference(name, actual, m, overlapping)
+
+    def oracle_agrees(self) -> bool:
+        """Whether the float64 oracle computes the reference's function on this example: every
+        floating value of its forward (outputs, final values of mutated arguments) agrees with
+        the reference's at its dtype within rounding (:func:`oracle_disagreement`). A gradient
+        whose float64 and low-precision values differ far more then shows cancellation (a
+        layer norm over two elements), not another function (a dropout mask drawn in float64
+        is seen in the forward already). Cached."""
+        if "oracle_agrees" not in self.cache:
+            at_dtype = self.baseline()
+            ours = (named_values(self.expected, self.finals, self.consumed) if at_dtype is None
+                    else at_dtype.values)
+            size = self._example_size("outputs")
+            self.cache["oracle_agrees"] = all(
+                oracle_disagreement(o, b, b.dtype, None, size) is None
+                for name, o in self.oracle().values.items()
+                for b in [ours.get(name)]
+                if isinstance(o, torch.Tensor) and isinstance(b, torch.Tensor)
+                and b.dtype.is_floating_point and o.shape == b.shape)
+        return self.cache["oracle_agrees"]
 
     def _example_size(self, kind: str) -> float:
         """The largest finite ``|value|`` of the example's floating inputs and, for a gradient,
