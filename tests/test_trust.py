@@ -311,13 +311,20 @@ def test_reports_land_where_asked_and_a_killed_run_leaves_no_stale_report(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("r.")) == []
 
 
+def _interruptible() -> None:
+    """In the child: SIGINT at its default, as in a terminal. A job started in the background
+    by a non-interactive shell inherits SIGINT ignored, and Python then keeps ignoring it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
 def test_sigint_writes_a_report_marked_incomplete_with_what_finished(tmp_path):
     write(tmp_path, "sleep_kernels.py", SLEEPS)
     (tmp_path / "r.json").write_text('{\n  "schema": "equiv.results/1", "old": true}\n')
     child = subprocess.Popen([sys.executable, "-m", "equiv", "check", "sleep_kernels.py", *QUICK,
                               "--json", "r.json", "--html", "r.html"], cwd=tmp_path, env=env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=_interruptible)
     deadline = time.monotonic() + 300
     while not (tmp_path / "started.marker").exists() and time.monotonic() < deadline:
         assert child.poll() is None, child.communicate()
