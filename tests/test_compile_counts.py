@@ -181,7 +181,8 @@ def plain_rms(x: torch.Tensor, w: torch.Tensor):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
-@pytest.mark.parametrize("mode", ["compile[eager]", "compile[aot_eager]"])
+@pytest.mark.parametrize("mode", ["compile[eager]", "compile[aot_eager]", pytest.param(
+    "compile[inductor]", marks=pytest.mark.slow)])  # inductor: the same counts, ~4 s a graph
 @pytest.mark.parametrize("spec", [plain_rms, centred, counted], ids=lambda s: s.__name__)
 def test_plain_and_scalar_reading_kernels_compile_at_most_three_times(spec, mode):
     report = check(spec, settings=THIRTY, modes=(mode,))
