@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -146,6 +147,44 @@ def graph_break_counter() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
     return dict(counters["graph_break"])
+
+
+def compile_records() -> list[Any]:
+    """Dynamo's records of the frames it compiled in this process, oldest first (a bounded
+    queue, not cleared by ``reset``; ``torch._dynamo.utils.get_compilation_metrics``), or []
+    where this torch keeps none."""
+    from torch._dynamo import utils
+
+    get = getattr(utils, "get_compilation_metrics", None)
+    return list(get()) if get is not None else []
+
+
+def records_after(records: list[Any], last: Any) -> list[Any]:
+    """The records of ``records`` newer than ``last`` (an earlier last record, or None)."""
+    if last is None:
+        return records
+    for i in range(len(records) - 1, -1, -1):
+        if records[i] is last:
+            return records[i + 1:]
+    return records  # the queue moved past ``last``: all of it is new
+
+
+_RESUME_RE = re.compile(r"^torch_dynamo_resume_in_(\w+)_at_(\d+)$")
+
+
+def recompile_reason(record: Any) -> str | None:
+    """``"frame: first failed guard"`` for a record of a recompilation (Dynamo's guard failure
+    reason, as ``TORCH_LOGS=recompiles`` prints it), None for a first compilation."""
+    reason = getattr(record, "recompile_reason", None)
+    if not reason:
+        return None
+    line = reason.strip().splitlines()[0]
+    line = re.sub(r"^\d+/\d+: ", "", line).split("  #")[0]  # the cache entry's id, the comment
+    line = " ".join(line.split())[:160]
+    name = str(getattr(record, "co_name", "") or "?")
+    m = _RESUME_RE.match(name)
+    frame = f"{m.group(1)} after its graph break at line {m.group(2)}" if m else name
+    return f"{frame}: {line}"
 
 
 def dynamo_config_patch(recompile_limit: int) -> Any:

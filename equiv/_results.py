@@ -294,7 +294,8 @@ def compile_counts(report: Report | None, mode: str, device: str) -> dict[str, A
     if run is None or getattr(run, "compilations", None) is None:
         return None
     return {"compilations": run.compilations, "graph_breaks": getattr(run, "graph_breaks", None),
-            "break_reasons": _plain(list(getattr(run, "break_reasons", ()) or ()))}
+            "break_reasons": _plain(list(getattr(run, "break_reasons", ()) or ())),
+            "recompile_reasons": _plain(list(getattr(run, "recompile_reasons", ()) or ()))}
 
 
 def summary(results: Iterable[Result | dict[str, Any]]) -> dict[str, int]:

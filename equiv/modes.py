@@ -246,6 +246,8 @@ class ModeRun:
         self.compilations = {"impl": 0, "ref": 0}
         self.failed_compiles = {"impl": 0, "ref": 0}  # calls that raised while Dynamo traced
         self.graph_breaks: collections.Counter[str] = collections.Counter()
+        #: why Dynamo recompiled the implementation ("frame: failed guard") -> times
+        self.recompiles: collections.Counter[str] = collections.Counter()
         self.not_compiled: str | None = None
         self.unsupported: str | None = None
         self.examples = 0
@@ -323,11 +325,14 @@ class ModeRun:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             before = _compat.graph_break_counter()
+            last = (_compat.compile_records() or [None])[-1] if side == "impl" else None
             if self.mode.dynamic is None:  # shapes: one dynamic graph, not static then dynamic
                 _compat.mark_sides_dynamic((args, kwargs))
             try:
                 return compiled_fn(*args, **kwargs)
             except limit_errors as e:
+                if side == "impl":
+                    self._count_recompiles(last)
                 failed = self.failed_compiles[side]
                 self.not_compiled = (
                     f"Dynamo hit the recompile limit ({self.mode.recompile_limit}) for the "
@@ -337,6 +342,8 @@ class ModeRun:
                        "Dynamo traced, e.g. on inputs the reference rejects)" if failed else "")
                     + f" and would have run it in eager from then on "
                     f"({str(e).splitlines()[0][:120]})"
+                    + (f"; last recompile: {next(reversed(self.recompiles))}"
+                       if side == "impl" and self.recompiles else "")
                 )
                 raise NotCompiled(self.not_compiled) from None
             except Exception as e:
@@ -345,12 +352,22 @@ class ModeRun:
                 raise
             finally:
                 if side == "impl":
+                    self._count_recompiles(last)
                     after = _compat.graph_break_counter()
                     for reason, n in after.items():
                         if n > before.get(reason, 0):
                             self.graph_breaks[_first_line(reason)] += n - before.get(reason, 0)
 
         return call
+
+    def _count_recompiles(self, last: Any) -> None:
+        """Count the implementation's recompilations recorded since ``last``, by reason."""
+        from equiv import _compat
+
+        for record in _compat.records_after(_compat.compile_records(), last):
+            reason = _compat.recompile_reason(record)
+            if reason is not None:
+                self.recompiles[reason] += 1
 
     # -- the context every call of this mode runs in ------------------------------------------
     @contextlib.contextmanager
@@ -405,6 +422,11 @@ class ModeRun:
         if self.graph_breaks:
             text += " (" + "; ".join(f"{r} x{n}" if n > 1 else r
                                      for r, n in self.graph_breaks.items()) + ")"
+        n_re = sum(self.recompiles.values())
+        if n_re:
+            text += (f", {n_re} recompilation{'s' if n_re != 1 else ''} ("
+                     + "; ".join(f"{r} x{n}" if n > 1 else r
+                                 for r, n in self.recompiles.items()) + ")")
         return text
 
 

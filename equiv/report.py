@@ -151,6 +151,8 @@ class ModeResult:
     graph_breaks: int | None = None
     break_reasons: tuple[str, ...] = ()
     info: str = ""
+    #: compile modes: why Dynamo recompiled the implementation, one "frame: failed guard" each
+    recompile_reasons: tuple[str, ...] = ()
 
     def render(self) -> str:
         text = f"{self.mode} on {self.device}: {self.status} ({self.examples} examples"

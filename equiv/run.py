@@ -30,7 +30,7 @@ from equiv.execution.record import Placement
 from equiv.pipeline import Outcome, execute_example, narrowed, rows_for
 from equiv.report import Finding, ModeResult, Report
 from equiv.spec import Spec, get_spec
-from equiv.strategies import arguments_for, shapes
+from equiv.strategies import arguments_for, compile_arguments_for
 from equiv.strategies._compile import compile_draws, prefer_sides_of_two
 from equiv.roles import roles_of
 from equiv.variants import (
@@ -259,17 +259,16 @@ def _reference_placement(device: Any, dtype: Any) -> tuple[str | None, Any]:
 
 def _inputs(spec: Spec, cfg: Settings, mode: Mode) -> Any:
     """The example strategy of one mode: the spec's, or derived from the signature in
-    ``settings.dtypes`` (compile modes: one dtype and compile-friendly shapes, so recompilations
-    stay bounded; eager explores the edge-case shapes)."""
+    ``settings.dtypes`` (compile modes: one dtype and compile-friendly shapes of one rank, so
+    recompilations stay bounded; eager explores the ranks and edge-case shapes)."""
     if not spec.derived_inputs:  # compile modes: avoid sides of 0/1, which Dynamo specialises
         return prefer_sides_of_two(spec.inputs) if mode.kind == "compile" else spec.inputs
     dtypes = [getattr(torch, d) for d in cfg.dtypes]
     if mode.kind == "autocast":  # autocast casts float32 only (float64 runs as written)
         dtypes = [torch.float32]
     if mode.kind == "compile":
-        return arguments_for(spec.signature, dtypes_=dtypes[:1],
-                             shape_strategy=shapes(compile_friendly=True, max_dims=2),
-                             reference=spec.ref, mutated=spec.mutates)
+        return compile_arguments_for(spec.signature, dtype=dtypes[0], reference=spec.ref,
+                                     mutated=spec.mutates)
     return arguments_for(spec.signature, dtypes_=dtypes, reference=spec.ref,
                          mutated=spec.mutates, block_sizes=spec.block_sizes,
                          broadcast=mode.kind == "eager")
@@ -690,6 +689,7 @@ def _mode_result(mode: Mode, device: str, state: ModeRun, findings: list[Finding
         compilations=state.compilations["impl"] if mode.is_compile else None,
         graph_breaks=sum(state.graph_breaks.values()) if mode.is_compile else None,
         break_reasons=tuple(state.graph_breaks), info=state.info(),
+        recompile_reasons=tuple(state.recompiles),
     )
 
 FLAKY = ("flaky: the minimal example did not reproduce this finding when replayed. Look for "

@@ -14,6 +14,7 @@ import inspect
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
+import hypothesis
 from hypothesis import strategies as st
 
 from equiv._args import Args
@@ -131,6 +132,45 @@ def arguments_for(signature: inspect.Signature, *,
         return out
 
     return build()
+
+
+def compile_arguments_for(signature: inspect.Signature, *, dtype: torch.dtype,
+                          reference: Callable[..., Any] | None = None,
+                          mutated: Iterable[str] = ()) -> st.SearchStrategy:
+    """Derived arguments for a compile mode: one dtype and compile-friendly shapes of one rank,
+    2-D when a short probe finds a 2-D example the reference accepts, else 1-D (else both).
+    Dynamo guards on every tensor's rank, so each rank is another graph of every frame; the
+    ranks, sides of 0/1 and the other dtypes are eager mode's to explore."""
+    def of_rank(lo: int, hi: int) -> st.SearchStrategy:
+        return arguments_for(signature, dtypes_=(dtype,), reference=reference, mutated=mutated,
+                             shape_strategy=shapes(compile_friendly=True, min_dims=lo,
+                                                   max_dims=hi))
+
+    if reference is None:
+        return of_rank(2, 2)
+    locations = dict(mutated) if isinstance(mutated, Mapping) else {}
+    for ndim in (2, 1):
+        strategy = of_rank(ndim, ndim)
+        if _draws_accepted(strategy, reference, signature, locations):
+            return strategy
+    return of_rank(1, 2)
+
+
+def _draws_accepted(strategy: st.SearchStrategy, reference: Callable[..., Any],
+                    signature: inspect.Signature, locations: Mapping[str, Any]) -> bool:
+    """Whether a short derandomized probe of ``strategy`` draws an example ``reference``
+    returns on."""
+    probe = hypothesis.settings(max_examples=10, database=None, derandomize=True,
+                                phases=[hypothesis.Phase.generate], deadline=None,
+                                suppress_health_check=list(hypothesis.HealthCheck))
+    try:
+        hypothesis.find(strategy, lambda ex: _accepts(reference, ex, signature, locations),
+                        settings=probe)
+    except BaseException as e:  # NoSuchExample, or an error the run itself will report
+        if not user_error(e):
+            raise
+        return False
+    return True
 
 
 def _build_shared(draw: Any, kinds: list, dt: torch.dtype, shp: tuple[int, ...]) -> Any:

@@ -276,7 +276,7 @@ def test_a_compile_mode_that_compiled_nothing_is_not_a_pass(monkeypatch, tmp_pat
     results = {r["spec"]: r for r in json.loads(path.read_text())["results"]}
     assert results["activations.leaky_relu_"]["verdict"] == "not-compiled"
     assert results["activations.leaky_relu_"]["compile_counts"] == {
-        "compilations": 0, "graph_breaks": 1, "break_reasons": ["b"]}
+        "compilations": 0, "graph_breaks": 1, "break_reasons": ["b"], "recompile_reasons": []}
     assert results["activations.relu_"]["compile_counts"]["compilations"] == 2
 
 

@@ -146,3 +146,89 @@ def test_every_shipped_example_compiles_at_most_three_times_over_100_examples(mo
     assert sorted(pinned) == ["activations.silu_", "adam.adam_", "inplace_abn.abn_",
                               "inplace_batchnorm.InplaceBatchNorm"]
     assert all(1 <= n <= 3 for n in counts.values()), counts
+
+
+# -- scalar-reading kernels and recompile reasons ----------------------------------------------
+THIRTY = equiv.settings(max_examples=30, seed=0, hypothesis_settings=hypothesis.settings(
+    database=None))
+
+
+def centred_ref(x):
+    return x - x.mean().detach()
+
+
+@equivalent_to(centred_ref)
+def centred(x: torch.Tensor):  # derived inputs
+    return x - x.mean().item()  # a graph break; the float reaches the resumed frame
+
+
+def counted_ref(x):
+    return x * (x > 0).sum()
+
+
+@equivalent_to(counted_ref)
+def counted(x: torch.Tensor):
+    return x * int((x > 0).sum().item())  # an int from a tensor (0 and 1 included)
+
+
+@equivalent_to(centred_ref)
+def centred_wrong(x: torch.Tensor):
+    return x - x.flatten()[:4].mean().item()  # BUG: the mean of the first four elements only
+
+
+@equivalent_to(rms_ref)
+def plain_rms(x: torch.Tensor, w: torch.Tensor):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+@pytest.mark.parametrize("mode", ["compile[eager]", "compile[aot_eager]", pytest.param(
+    "compile[inductor]", marks=pytest.mark.slow)])  # inductor: the same counts, ~4 s a graph
+@pytest.mark.parametrize("spec", [plain_rms, centred, counted], ids=lambda s: s.__name__)
+def test_plain_and_scalar_reading_kernels_compile_at_most_three_times(spec, mode):
+    report = check(spec, settings=THIRTY, modes=(mode,))
+    (run,) = report.runs
+    assert run.status == "passed" and run.examples >= 25, run.render()
+    assert 1 <= run.compilations <= 3, run.render()
+    # each recompilation is accounted for by a reason
+    assert len(run.recompile_reasons) <= run.compilations - 1
+
+
+def test_a_scalar_reading_kernel_stays_checked_with_few_compilations():
+    with pytest.raises(equiv.OutputMismatch) as info:
+        check(centred_wrong, settings=THIRTY, modes=("compile[aot_eager]",))
+    f = info.value.report.findings[0]
+    assert f.mode == "compile[aot_eager]" and f.check == "forward"
+    assert info.value.report.runs[0].compilations <= 3
+
+
+def _two_dtypes_spec():
+    @equivalent_to(counted_ref, variants=False, inputs=st.tuples(tensors(
+        shape=(3, 2), dtype=st.sampled_from([torch.float32, torch.float64]))))
+    def counted_either(x):
+        return x * (x > 0).sum()
+
+    return counted_either
+
+
+def test_a_forced_recompile_is_reported_with_dynamos_reason_in_text_and_json():
+    from equiv._results import run_one
+
+    result = run_one(equiv.spec.get_spec(_two_dtypes_spec()), "compile[eager]", "cpu",
+                     settings=THIRTY)
+    assert result.verdict == "pass", result.reason
+    (run,) = result.report.runs
+    assert run.compilations == 2, run.render()  # a dtype is a guard no graph can generalise
+    (reason,) = run.recompile_reasons
+    assert reason.startswith("counted_either: ") and "dtype mismatch" in reason, reason
+    text = run.render()
+    assert "1 recompilation (counted_either: " in text and "dtype mismatch" in text, text
+    assert reason in result.report.render()
+    counts = result.to_dict()["compile_counts"]
+    assert counts["recompile_reasons"] == [reason] and counts["compilations"] == 2
+
+
+def test_one_dtype_and_derived_shapes_recompile_for_no_reason_to_report():
+    report = check(plain_rms, settings=THIRTY, modes=("compile[eager]",))
+    (run,) = report.runs
+    assert run.compilations == 1 and run.recompile_reasons == (), run.render()
+    assert "recompilation" not in run.render()
