@@ -14,11 +14,12 @@ of what finished is printed first). Verdicts follow docs/reference.md "Verdicts"
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import sys
 import traceback
-from typing import Any, Sequence, TextIO
+from typing import Any, Callable, Iterator, Sequence, TextIO
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -59,6 +60,23 @@ def _positive(value: str) -> int:
         n = 0
     if n < 1:
         raise argparse.ArgumentTypeError(f"{value!r}: give a positive integer")
+    return n
+
+
+def _workers(value: str) -> int:
+    """``-n N``: worker processes; ``auto``: one per available core; 0: in this process."""
+    if value.strip().lower() == "auto":
+        from equiv._workers import available_cores
+
+        return available_cores()
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: give a number of worker processes >= 0 or auto, e.g. -n 2 (0: run "
+            "in this process)")
     return n
 
 
@@ -111,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="write a self-contained HTML report")
     p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                    help="progress bar on stderr (auto: only on a terminal)")
+    p.add_argument("-n", "--workers", type=_workers, default=0, metavar="N",
+                   help="run the specs in N worker processes (auto: one per core; default 0: "
+                        "in this process); same seeds, verdicts and report")
     b = sub.add_parser("bench", help="time each spec's implementation against its reference "
                        "(after a quick equivalence check), docs/bench.md")
     b.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE")
@@ -444,9 +465,22 @@ def _run_tasks(tasks: list[Any], results: list[Any], args: argparse.Namespace,
                       mode=str(m), device=d, verdict="error", reason=f"{why} (--devices)")
 
     show = args.progress == "on" or (args.progress == "auto" and err.isatty())
-    if not show:
+    with _progress(show, len(tasks), err) as advance:
+        if args.workers:
+            _run_in_workers(tasks, one, results, args.workers, advance)
+            return
         for s, m, d in tasks:
+            advance(f"{s.name} [{m}-{d}]", len(results))
             results.append(one(s, m, d))
+
+
+@contextlib.contextmanager
+def _progress(show: bool, total: int,
+              err: TextIO) -> Iterator[Callable[[str, int], None]]:
+    """A progress bar on ``err`` when ``show``: ``advance(description, completed)`` as the
+    ``total`` runs go (nothing is shown without ``show``)."""
+    if not show:
+        yield lambda description, completed: None
         return
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
@@ -454,11 +488,38 @@ def _run_tasks(tasks: list[Any], results: list[Any], args: argparse.Namespace,
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=Console(file=err), transient=True) as bar:
-        job = bar.add_task("equiv", total=len(tasks))
-        for s, m, d in tasks:
-            bar.update(job, description=f"{s.name} [{m}-{d}]")
-            results.append(one(s, m, d))
-            bar.advance(job)
+        job = bar.add_task("equiv", total=total)
+        yield lambda description, completed: bar.update(job, description=description,
+                                                        completed=completed)
+
+
+def _run_in_workers(tasks: list[Any], one: Callable[..., Any], results: list[Any],
+                    workers: int, advance: Callable[[str, int], None]) -> None:
+    """``-n N``: each run in a worker process; ``results`` in the order of ``tasks`` (those
+    that finished, when interrupted)."""
+    from equiv._results import Result
+    from equiv._workers import run_in_workers
+
+    finished: dict[int, Any] = {}
+
+    def crashed(i: int, how: str) -> Any:
+        s, m, d = tasks[i]
+        return Result(spec=s.name, implementation=s.implementation, reference=s.reference,
+                      mode=str(m), device=d, verdict="error",
+                      reason=f"{s.name}: the worker process checking it under {m} on {d} {how} "
+                             "before returning a result (os._exit in the implementation or the "
+                             "reference, a segmentation fault, a kill, the out-of-memory "
+                             "killer); the other runs went on, and a run with a crash is not a "
+                             "pass.")
+
+    def done(i: int, result: Any) -> None:
+        finished[i] = result
+        advance(f"{len(finished)} of {len(tasks)} runs done ({workers} workers)", len(finished))
+
+    try:
+        run_in_workers(len(tasks), lambda i: one(*tasks[i]), crashed, done, workers)
+    finally:
+        results[:] = [finished[i] for i in sorted(finished)]
 
 
 def _write_reports(args: argparse.Namespace, doc: dict[str, Any], err: TextIO) -> bool:
