@@ -141,7 +141,7 @@ def test_a_worker_that_dies_is_an_error_row_naming_the_crash_and_the_rest_runs(f
         assert f"== ERROR: {spec} [eager-cpu] ==" in out
     before = {r["spec"]: r for r in json.loads(serial[2])["results"]}
     assert {s: rows[s] for s in before} == before
-    assert "1 FAIL, 2 pass, 3 ERROR" in out.splitlines()
+    assert "2 pass, 1 FAIL, 3 ERROR" in out.splitlines()
 
 
 def test_one_worker_runs_every_spec_in_order_after_a_crash(folder, serial):
