@@ -103,13 +103,14 @@ def how_it_died(exitcode: int | None) -> str:
 class _Pool:
     """Forked workers, each running one task at a time."""
 
-    def __init__(self, run: Callable[[int], Any], workers: int) -> None:
+    def __init__(self, run: Callable[[int], Any], workers: int, method: str) -> None:
         self.run, self.threads = run, max(1, available_cores() // workers)
+        self.context = multiprocessing.get_context(method)
         self.busy: dict[Any, tuple[Any, int]] = {}  # connection -> (process, task index)
 
     def start(self, index: int) -> None:
         ours, theirs = multiprocessing.Pipe()
-        process = multiprocessing.get_context("fork").Process(
+        process = self.context.Process(
             target=_serve, args=(theirs, self.run, self.threads))
         for stream in (sys.stdout, sys.stderr):  # no buffered text is written twice
             stream.flush()
@@ -152,13 +153,14 @@ class _Pool:
 
 
 def run_in_workers(count: int, run: Callable[[int], Any], crashed: Callable[[int, str], Any],
-                   done: Callable[[int, Any], None], workers: int) -> None:
-    """Run tasks ``0..count-1`` in ``workers`` forked processes: ``run(i)`` in a worker
+                   done: Callable[[int, Any], None], workers: int, method: str = "fork") -> None:
+    """Run tasks ``0..count-1`` in ``workers`` processes started by ``method`` (``fork``,
+    or ``spawn``: then ``run`` pickles and rebuilds what it needs): ``run(i)`` in a worker
     returns task i's result, ``done(i, result)`` receives it here as each finishes;
     ``crashed(i, how)`` makes the result of a task whose worker died. Ctrl-C
     (KeyboardInterrupt) kills the workers and propagates."""
     pending = deque(range(count))
-    pool = _Pool(run, min(workers, count))
+    pool = _Pool(run, min(workers, count), method)
     try:
         while pending and len(pool.busy) < min(workers, count):
             pool.start(pending.popleft())

@@ -224,6 +224,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
         elif not derandomized:
             overrides["seed"] = random.SystemRandom().randrange(2**32)
         previous = equiv.settings._push_session(args.profile, **overrides)
+        args.session = (args.profile, overrides)  # what -n workers started afresh push
     except equiv.InvalidArgument as e:
         print(f"equiv: {e}", file=err)
         return EXIT_USAGE
@@ -374,14 +375,14 @@ def _list(specs: list[Any], out: TextIO) -> None:
 
 def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO) -> int:
     import equiv
-    from equiv._results import LABELS, combinations, document, linked, nothing_ran
+    from equiv._results import LABELS, document, linked, nothing_ran
 
     cfg = equiv.settings.default()
     seed_text = "derandomized" if cfg.derandomize else f"--seed={cfg.seed}"
     print(f"equiv: profile={cfg.profile} modes={','.join(map(str, cfg.modes))} "
           f"devices={','.join(cfg.devices)} max_examples={cfg.max_examples} {seed_text}",
           file=out)
-    tasks = [(s, m, d) for s in specs for m, d in combinations(s, cfg)]
+    tasks = _task_list(specs, cfg)
     results: list[Any] = []
     interrupted = False
     pid = os.getpid()
@@ -446,10 +447,16 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
     return EXIT_OK
 
 
-def _run_tasks(tasks: list[Any], results: list[Any], args: argparse.Namespace,
-               err: TextIO) -> None:
-    """Run each (spec, mode, device) into ``results`` (appended as they finish, so an
-    interrupted run keeps what finished)."""
+def _task_list(specs: list[Any], cfg: Any) -> list[tuple[Any, Any, str]]:
+    """Every (spec, mode, device) to run, in the order of the table."""
+    from equiv._results import combinations
+
+    return [(s, m, d) for s in specs for m, d in combinations(s, cfg)]
+
+
+def _runner(tasks: list[Any]) -> Callable[[Any, Any, str], Any]:
+    """``one(spec, mode, device)``: the result of that run (an error row for a spec none of
+    whose devices is available)."""
     from equiv._results import Result, nowhere_to_run, run_one
 
     devices: dict[str, list[str]] = {}
@@ -464,10 +471,18 @@ def _run_tasks(tasks: list[Any], results: list[Any], args: argparse.Namespace,
         return Result(spec=s.name, implementation=s.implementation, reference=s.reference,
                       mode=str(m), device=d, verdict="error", reason=f"{why} (--devices)")
 
+    return one
+
+
+def _run_tasks(tasks: list[Any], results: list[Any], args: argparse.Namespace,
+               err: TextIO) -> None:
+    """Run each (spec, mode, device) into ``results`` (appended as they finish, so an
+    interrupted run keeps what finished)."""
+    one = _runner(tasks)
     show = args.progress == "on" or (args.progress == "auto" and err.isatty())
     with _progress(show, len(tasks), err) as advance:
         if args.workers:
-            _run_in_workers(tasks, one, results, args.workers, advance)
+            _run_in_workers(tasks, one, results, args, advance)
             return
         for s, m, d in tasks:
             advance(f"{s.name} [{m}-{d}]", len(results))
@@ -494,11 +509,21 @@ def _progress(show: bool, total: int,
 
 
 def _run_in_workers(tasks: list[Any], one: Callable[..., Any], results: list[Any],
-                    workers: int, advance: Callable[[str, int], None]) -> None:
+                    args: argparse.Namespace, advance: Callable[[str, int], None]) -> None:
     """``-n N``: each run in a worker process; ``results`` in the order of ``tasks`` (those
     that finished, when interrupted)."""
+    import functools
+
     from equiv._results import Result
     from equiv._workers import run_in_workers
+
+    workers, method = args.workers, _start_method(tasks)
+    run: Callable[[int], Any] = lambda i: one(*tasks[i])  # noqa: E731
+    if method == "spawn":
+        run = functools.partial(_spawned_run, {
+            "targets": args.targets, "keyword": args.keyword, "path": list(sys.path),
+            "cwd": os.getcwd(), "reference": (args.reference_dtype, args.reference_device),
+            "session": args.session})
 
     finished: dict[int, Any] = {}
 
@@ -517,9 +542,54 @@ def _run_in_workers(tasks: list[Any], one: Callable[..., Any], results: list[Any
         advance(f"{len(finished)} of {len(tasks)} runs done ({workers} workers)", len(finished))
 
     try:
-        run_in_workers(len(tasks), lambda i: one(*tasks[i]), crashed, done, workers)
+        run_in_workers(len(tasks), run, crashed, done, workers, method)
     finally:
         results[:] = [finished[i] for i in sorted(finished)]
+
+
+def _start_method(tasks: list[Any]) -> str:
+    """``fork`` (the workers inherit the imported targets), or ``spawn`` when a run uses an
+    available accelerator: CUDA cannot run in a process forked from one that touched it."""
+    import torch
+
+    from equiv._results import device_unavailable
+    from equiv.errors import InvalidArgument
+
+    if torch.cuda.is_initialized():
+        return "spawn"
+    for d in {d for _, _, d in tasks}:
+        try:
+            if torch.device(d).type != "cpu" and device_unavailable(d) is None:
+                return "spawn"
+        except (RuntimeError, TypeError, InvalidArgument):
+            continue
+    return "fork"
+
+
+#: in a spawned worker: the command's runs, rebuilt once (tasks, runner)
+_SPAWNED: list[Any] = []
+
+
+def _spawned_run(payload: dict[str, Any], index: int) -> Any:
+    """Run ``index`` in a spawned worker: the first call imports the command's targets and
+    pushes its settings here, as the command did, so the runs are the command's."""
+    import io
+
+    import equiv
+
+    if not _SPAWNED:
+        sys.path[:] = payload["path"]
+        os.chdir(payload["cwd"])
+        loaded = argparse.Namespace(targets=payload["targets"], keyword=payload["keyword"])
+        specs = _load(loaded, io.StringIO())
+        if isinstance(specs, int):
+            raise RuntimeError("the targets did not import in a worker as in the command")
+        profile, overrides = payload["session"]
+        equiv.settings._push_session(profile, **overrides)
+        tasks = _task_list(_placed(specs, *payload["reference"]), equiv.settings.default())
+        _SPAWNED[:] = [tasks, _runner(tasks)]
+    tasks, one = _SPAWNED
+    return one(*tasks[index])
 
 
 def _write_reports(args: argparse.Namespace, doc: dict[str, Any], err: TextIO) -> bool:

@@ -186,3 +186,33 @@ def test_results_come_back_as_plain_data_only():
     assert _PlainUnpickler(io.BytesIO(pickle.dumps(result))).load() == result
     with pytest.raises(pickle.UnpicklingError, match="torch.* is not plain result data"):
         _PlainUnpickler(io.BytesIO(pickle.dumps(torch.ones(2)))).load()
+
+
+def test_spawned_workers_import_the_targets_and_give_the_same_report(folder, serial,
+                                                                     monkeypatch):
+    """The start method used when a run needs CUDA (a fork cannot use it): each worker
+    imports the targets and pushes the settings itself, and the runs are the same. (A
+    spawned worker opens Hypothesis's example database afresh in its working directory,
+    where this test process opened its own once: the failing run's example count may differ
+    by what a database replays, so that row is compared by verdict and checks.)"""
+    import equiv.cli
+
+    monkeypatch.setattr(equiv.cli, "_start_method", lambda tasks: "spawn")
+    report = folder / "spawned.json"
+    code, out, _ = run("check", str(folder), "-k", "not crash", *QUICK, "-n", "2",
+                       "--json", str(report))
+    assert code == serial[0] == 1
+
+    def rows(text):
+        return [r if r["verdict"] == "pass" else (r["spec"], r["verdict"], r["seed"], sorted(
+            f["check"] for f in r["findings"])) for r in json.loads(text)["results"]]
+
+    assert rows(report.read_text()) == rows(serial[2])
+
+
+def test_a_run_on_an_available_accelerator_spawns_its_workers():
+    from equiv.cli import _start_method
+
+    assert _start_method([(None, "eager", "cpu"), (None, "eager", "cuda")]) == (
+        "spawn" if torch.cuda.is_available() else "fork")
+    assert _start_method([(None, "eager", "nosuchdevice")]) == "fork"
