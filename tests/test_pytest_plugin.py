@@ -335,7 +335,8 @@ def test_xdist_tx_and_dist_options_give_the_verdicts_of_a_serial_run(project, tm
                                           "--equiv-seed=11", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*2 workers*"])
-    rows = {r["nodeid"]: (r["verdict"], r["seed"], "mutation" in {f["check"] for f in r["findings"]})
+    rows = {r["nodeid"]: (r["verdict"], r["seed"],
+                          "mutation" in {f["check"] for f in r["findings"]})
             for r in json.loads(report.read_text())["results"]}
     assert rows == {"test_kernels.py::relu_[eager-cpu]": ("pass", 11, False),
                     "test_kernels.py::scale_stale[eager-cpu]": ("fail", 11, True)}
