@@ -14,11 +14,12 @@ of what finished is printed first). Verdicts follow docs/reference.md "Verdicts"
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import sys
 import traceback
-from typing import Any, Sequence, TextIO
+from typing import Any, Callable, Iterator, Sequence, TextIO
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -59,6 +60,23 @@ def _positive(value: str) -> int:
         n = 0
     if n < 1:
         raise argparse.ArgumentTypeError(f"{value!r}: give a positive integer")
+    return n
+
+
+def _workers(value: str) -> int:
+    """``-n N``: worker processes; ``auto``: one per available core; 0: in this process."""
+    if value.strip().lower() == "auto":
+        from equiv._workers import available_cores
+
+        return available_cores()
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: give a number of worker processes >= 0 or auto, e.g. -n 2 (0: run "
+            "in this process)")
     return n
 
 
@@ -111,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="write a self-contained HTML report")
     p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                    help="progress bar on stderr (auto: only on a terminal)")
+    p.add_argument("-n", "--workers", type=_workers, default=0, metavar="N",
+                   help="run the specs in N worker processes (auto: one per core; default 0: "
+                        "in this process); same seeds, verdicts and report")
     b = sub.add_parser("bench", help="time each spec's implementation against its reference "
                        "(after a quick equivalence check), docs/bench.md")
     b.add_argument("targets", nargs="+", metavar="PATH_OR_MODULE")
@@ -203,6 +224,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
         elif not derandomized:
             overrides["seed"] = random.SystemRandom().randrange(2**32)
         previous = equiv.settings._push_session(args.profile, **overrides)
+        args.session = (args.profile, overrides)  # what -n workers started afresh push
     except equiv.InvalidArgument as e:
         print(f"equiv: {e}", file=err)
         return EXIT_USAGE
@@ -353,14 +375,14 @@ def _list(specs: list[Any], out: TextIO) -> None:
 
 def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO) -> int:
     import equiv
-    from equiv._results import LABELS, combinations, document, linked, nothing_ran
+    from equiv._results import LABELS, document, linked, nothing_ran
 
     cfg = equiv.settings.default()
     seed_text = "derandomized" if cfg.derandomize else f"--seed={cfg.seed}"
     print(f"equiv: profile={cfg.profile} modes={','.join(map(str, cfg.modes))} "
           f"devices={','.join(cfg.devices)} max_examples={cfg.max_examples} {seed_text}",
           file=out)
-    tasks = [(s, m, d) for s in specs for m, d in combinations(s, cfg)]
+    tasks = _task_list(specs, cfg)
     results: list[Any] = []
     interrupted = False
     pid = os.getpid()
@@ -425,10 +447,16 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
     return EXIT_OK
 
 
-def _run_tasks(tasks: list[Any], results: list[Any], args: argparse.Namespace,
-               err: TextIO) -> None:
-    """Run each (spec, mode, device) into ``results`` (appended as they finish, so an
-    interrupted run keeps what finished)."""
+def _task_list(specs: list[Any], cfg: Any) -> list[tuple[Any, Any, str]]:
+    """Every (spec, mode, device) to run, in the order of the table."""
+    from equiv._results import combinations
+
+    return [(s, m, d) for s in specs for m, d in combinations(s, cfg)]
+
+
+def _runner(tasks: list[Any]) -> Callable[[Any, Any, str], Any]:
+    """``one(spec, mode, device)``: the result of that run (an error row for a spec none of
+    whose devices is available)."""
     from equiv._results import Result, nowhere_to_run, run_one
 
     devices: dict[str, list[str]] = {}
@@ -443,10 +471,31 @@ def _run_tasks(tasks: list[Any], results: list[Any], args: argparse.Namespace,
         return Result(spec=s.name, implementation=s.implementation, reference=s.reference,
                       mode=str(m), device=d, verdict="error", reason=f"{why} (--devices)")
 
+    return one
+
+
+def _run_tasks(tasks: list[Any], results: list[Any], args: argparse.Namespace,
+               err: TextIO) -> None:
+    """Run each (spec, mode, device) into ``results`` (appended as they finish, so an
+    interrupted run keeps what finished)."""
+    one = _runner(tasks)
     show = args.progress == "on" or (args.progress == "auto" and err.isatty())
-    if not show:
+    with _progress(show, len(tasks), err) as advance:
+        if args.workers:
+            _run_in_workers(tasks, one, results, args, advance)
+            return
         for s, m, d in tasks:
+            advance(f"{s.name} [{m}-{d}]", len(results))
             results.append(one(s, m, d))
+
+
+@contextlib.contextmanager
+def _progress(show: bool, total: int,
+              err: TextIO) -> Iterator[Callable[[str, int], None]]:
+    """A progress bar on ``err`` when ``show``: ``advance(description, completed)`` as the
+    ``total`` runs go (nothing is shown without ``show``)."""
+    if not show:
+        yield lambda description, completed: None
         return
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
@@ -454,11 +503,93 @@ def _run_tasks(tasks: list[Any], results: list[Any], args: argparse.Namespace,
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=Console(file=err), transient=True) as bar:
-        job = bar.add_task("equiv", total=len(tasks))
-        for s, m, d in tasks:
-            bar.update(job, description=f"{s.name} [{m}-{d}]")
-            results.append(one(s, m, d))
-            bar.advance(job)
+        job = bar.add_task("equiv", total=total)
+        yield lambda description, completed: bar.update(job, description=description,
+                                                        completed=completed)
+
+
+def _run_in_workers(tasks: list[Any], one: Callable[..., Any], results: list[Any],
+                    args: argparse.Namespace, advance: Callable[[str, int], None]) -> None:
+    """``-n N``: each run in a worker process; ``results`` in the order of ``tasks`` (those
+    that finished, when interrupted)."""
+    import functools
+
+    from equiv._results import Result
+    from equiv._workers import run_in_workers
+
+    workers, method = args.workers, _start_method(tasks)
+    run: Callable[[int], Any] = lambda i: one(*tasks[i])  # noqa: E731
+    if method == "spawn":
+        run = functools.partial(_spawned_run, {
+            "targets": args.targets, "keyword": args.keyword, "path": list(sys.path),
+            "cwd": os.getcwd(), "reference": (args.reference_dtype, args.reference_device),
+            "session": args.session})
+
+    finished: dict[int, Any] = {}
+
+    def crashed(i: int, how: str) -> Any:
+        s, m, d = tasks[i]
+        return Result(spec=s.name, implementation=s.implementation, reference=s.reference,
+                      mode=str(m), device=d, verdict="error",
+                      reason=f"{s.name}: the worker process checking it under {m} on {d} {how} "
+                             "before returning a result (os._exit in the implementation or the "
+                             "reference, a segmentation fault, a kill, the out-of-memory "
+                             "killer); the other runs went on, and a run with a crash is not a "
+                             "pass.")
+
+    def done(i: int, result: Any) -> None:
+        finished[i] = result
+        advance(f"{len(finished)} of {len(tasks)} runs done ({workers} workers)", len(finished))
+
+    try:
+        run_in_workers(len(tasks), run, crashed, done, workers, method)
+    finally:
+        results[:] = [finished[i] for i in sorted(finished)]
+
+
+def _start_method(tasks: list[Any]) -> str:
+    """``fork`` (the workers inherit the imported targets), or ``spawn`` when a run uses an
+    available accelerator: CUDA cannot run in a process forked from one that touched it."""
+    import torch
+
+    from equiv._results import device_unavailable
+    from equiv.errors import InvalidArgument
+
+    if torch.cuda.is_initialized():
+        return "spawn"
+    for d in {d for _, _, d in tasks}:
+        try:
+            if torch.device(d).type != "cpu" and device_unavailable(d) is None:
+                return "spawn"
+        except (RuntimeError, TypeError, InvalidArgument):
+            continue
+    return "fork"
+
+
+#: in a spawned worker: the command's runs, rebuilt once (tasks, runner)
+_SPAWNED: list[Any] = []
+
+
+def _spawned_run(payload: dict[str, Any], index: int) -> Any:
+    """Run ``index`` in a spawned worker: the first call imports the command's targets and
+    pushes its settings here, as the command did, so the runs are the command's."""
+    import io
+
+    import equiv
+
+    if not _SPAWNED:
+        sys.path[:] = payload["path"]
+        os.chdir(payload["cwd"])
+        loaded = argparse.Namespace(targets=payload["targets"], keyword=payload["keyword"])
+        specs = _load(loaded, io.StringIO())
+        if isinstance(specs, int):
+            raise RuntimeError("the targets did not import in a worker as in the command")
+        profile, overrides = payload["session"]
+        equiv.settings._push_session(profile, **overrides)
+        tasks = _task_list(_placed(specs, *payload["reference"]), equiv.settings.default())
+        _SPAWNED[:] = [tasks, _runner(tasks)]
+    tasks, one = _SPAWNED
+    return one(*tasks[index])
 
 
 def _write_reports(args: argparse.Namespace, doc: dict[str, Any], err: TextIO) -> bool:

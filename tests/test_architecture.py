@@ -32,7 +32,7 @@ LAYERS: dict[str, int] = {
     "equiv._roots": 4,
     # results, CLI, pytest, the public package
     "equiv._results": 5, "equiv._html": 5, "equiv._bench": 5, "equiv._loader": 5, "equiv._lab": 5,
-    "equiv._reports": 5,
+    "equiv._reports": 5, "equiv._workers": 5,
     "equiv.cli": 5, "equiv.pytest": 5, "equiv.__main__": 5, "equiv": 5,
 }
 

@@ -325,6 +325,23 @@ def test_xdist_gives_the_same_verdicts_as_a_serial_run_with_the_controllers_seed
         ("test_kernels.py::scale_stale[eager-cpu]", "fail", seed)}
 
 
+def test_xdist_tx_and_dist_options_give_the_verdicts_of_a_serial_run(project, tmp_path):
+    """--tx 2*popen --dist loadgroup (the transport --tx ssh=... uses across machines): the
+    same items and verdicts as a serial run with the seed, one report from both workers."""
+    report = tmp_path / "tx.json"
+    result = project.runpytest_subprocess("--tx", "2*popen", "--dist", "loadgroup",
+                                          f"--equiv-report={report}", "--equiv-modes=eager",
+                                          "--equiv-devices=cpu", "--equiv-max-examples=3",
+                                          "--equiv-seed=11", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*2 workers*"])
+    rows = {r["nodeid"]: (r["verdict"], r["seed"],
+                          "mutation" in {f["check"] for f in r["findings"]})
+            for r in json.loads(report.read_text())["results"]}
+    assert rows == {"test_kernels.py::relu_[eager-cpu]": ("pass", 11, False),
+                    "test_kernels.py::scale_stale[eager-cpu]": ("fail", 11, True)}
+
+
 def test_findings_reports_and_results_pickle():
     """What crosses process boundaries (xdist) pickles: the failure, its report, findings."""
     import pickle
