@@ -857,9 +857,10 @@ def test_settings_dtypes_choose_the_dtypes_of_derived_inputs():
 
 
 # --------------------------------------------------------------------------- kinks
-def test_a_gradient_differing_at_a_kink_of_the_reference_says_so():
-    """clamp passes the gradient at its bounds, hardtanh does not: at exactly x = 1 the two
-    differ, and the finding says that x[1] is where the reference is not differentiable."""
+def test_a_one_sided_derivative_at_a_kink_of_the_reference_passes_with_a_note():
+    """clamp passes the gradient at its bounds, hardtanh does not: at exactly x = 1 each takes
+    the derivative from one side (the reference's from below, hardtanh's from above), both
+    correct. The gradient passes, and a note says where the one-sided derivative was taken."""
     @equivalent_to(lambda x: torch.clamp(x, -1.0, 1.0), mutates={"x": "out"},
                    examples=[(torch.tensor([0.5, 1.0, -2.0, 3.0], requires_grad=True),)])
     def hardtanh_(x):
@@ -867,9 +868,57 @@ def test_a_gradient_differing_at_a_kink_of_the_reference_says_so():
 
     report = equiv.check(hardtanh_, settings=equiv.settings(FAST, max_examples=1),
                          raise_on_failure=False)
+    assert report.ok, report.render()
+    assert any("at x[1] (from above) the reference is not differentiable" in n
+               for n in report.notes), report.notes
+
+
+def test_a_gradient_at_a_kink_that_neither_side_gives_says_where_the_kink_is():
+    """At x = 1 the reference's derivative is 1 from below and 0 from above; 2 is neither:
+    the finding stands, and says that x[1] is where the reference is not differentiable."""
+    @equivalent_to(lambda x: torch.clamp(x, -1.0, 1.0),
+                   examples=[(torch.tensor([0.5, 1.0, -2.0, 3.0], requires_grad=True),)])
+    def hardtanh(x):
+        at_bound = (x.detach().abs() == 1).to(x.dtype)
+        return torch.nn.functional.hardtanh(x) + 2 * (x - x.detach()) * at_bound
+
+    report = equiv.check(hardtanh, settings=equiv.settings(FAST, max_examples=1),
+                         raise_on_failure=False)
     f = next(f for f in report.findings if f.check == "gradients")
     assert f.likely_cause.startswith("x[1] = 1 is a point where the reference is not "
                                      "differentiable"), f.likely_cause
+
+
+def _sqrt_of_square(x):
+    return torch.sqrt(x * x)  # |x|, with autograd's 0/0 = NaN at 0
+
+
+ZERO = [(torch.tensor([0.0, 1.0, -2.0], requires_grad=True),)]
+
+
+def test_a_subgradient_between_the_sides_passes_where_the_reference_gives_nan():
+    """|x| at 0: the reference's autograd says NaN, its derivative is -1 from below and 1 from
+    above; abs's 0 lies between (a subgradient). Passes, with a note."""
+    @equivalent_to(_sqrt_of_square, examples=ZERO)
+    def absolute(x):
+        return x.abs()
+
+    report = equiv.check(absolute, settings=equiv.settings(FAST, max_examples=1),
+                         raise_on_failure=False)
+    assert report.ok, report.render()
+    assert any("at x[0] (between the one-sided derivatives)" in n for n in report.notes)
+
+
+def test_a_gradient_outside_the_one_sided_derivatives_is_a_finding():
+    """3 at |x|'s kink is outside [-1, 1]: not a subgradient."""
+    @equivalent_to(_sqrt_of_square, examples=ZERO)
+    def absolute(x):
+        return x.abs() + 3 * (x - x.detach()) * (x.detach() == 0).to(x.dtype)
+
+    report = equiv.check(absolute, settings=equiv.settings(FAST, max_examples=1),
+                         raise_on_failure=False)
+    f = next(f for f in report.findings if f.check == "gradients")
+    assert "x[0] = 0 is a point where the reference is not differentiable" in f.likely_cause
 
 
 def test_a_wrong_gradient_at_a_smooth_point_names_no_kink():

@@ -13,6 +13,7 @@ from equiv.compare import compare_leaf
 from equiv.errors import error_text
 from equiv.execution.calls import format_tb
 from equiv.execution.graph import slot_explanation
+from equiv.execution.kinks import subgradient_choice
 from equiv.execution.record import Sink, cotangent_written, kink_cause, name_cotangent
 from equiv.execution.verdict import fd_message
 from equiv.execution.script import explain_backwards
@@ -85,6 +86,11 @@ def _first_backward(ex: Any, sink: Sink) -> None:
         m = ex.judge(name, a, e, kind="gradients", group=g, cotangent=1,
                      oracle=lambda i=i: _at(ex.oracle_grads(1), i),
                      baseline=lambda i=i: _at(ex.baseline_grads(1), i))
+        if m is not None and not forward_differs:
+            choice = subgradient_choice(ex, name, i, a, e, m, 1)
+            if choice is not None:
+                sink.note(choice)
+                continue
         if m is not None:
             sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "
                          "backward #1.", argument=name, mismatch=m,
