@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from equiv._compat import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from equiv._explain import explaining
 from equiv.compare import Mismatch, compare_leaf, dtype_tolerance
 from equiv.errors import user_error
 
@@ -244,13 +245,25 @@ def _worst(excess: torch.Tensor) -> tuple[int, tuple[int, ...]]:
     return flat, tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), excess.shape))
 
 
-def _ulp_stats(diff: torch.Tensor, oracle: torch.Tensor,
-               dtype: torch.dtype) -> tuple[float, float | None]:
+def _ulp_stats(diff: torch.Tensor, oracle: torch.Tensor, dtype: torch.dtype,
+               p99: bool = True) -> tuple[float, float | None]:
+    """(max, 99th percentile) of the ULP distance; the percentile only when ``p99``, for at
+    least ``P99_MIN_ELEMENTS`` and at most 16e6 elements."""
     d = (diff / ulp(_to64(oracle).abs(), dtype)).reshape(-1)
     d = torch.nan_to_num(d, nan=math.inf, posinf=math.inf)
-    p99 = float(torch.quantile(d, 0.99)) if d.numel() >= P99_MIN_ELEMENTS and \
+    q = _quantile(d, 0.99) if p99 and d.numel() >= P99_MIN_ELEMENTS and \
         d.numel() <= 16_000_000 else None
-    return float(d.max()), p99
+    return float(d.max()), q
+
+
+def _quantile(d: torch.Tensor, q: float) -> float:
+    """``torch.quantile(d, q)`` of a NaN-free 1-d float64 ``d`` (linear interpolation), from
+    the largest ``(1 - q)`` share of ``d`` (``topk``) instead of a sort of all of it."""
+    n = d.numel()
+    rank = torch.tensor(q, dtype=d.dtype) * (n - 1)
+    below, above = int(rank), int(torch.ceil(rank))
+    top = torch.topk(d, n - below).values  # descending: its last is the rank-below value
+    return float(top[-1].clone().lerp_(top[below - above - 1], rank - below))
 
 
 def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Tensor | None, *,
@@ -278,6 +291,58 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
                          f"{tuple(oracle.shape)}; compare structure before judging numerics")
     if actual.numel() == 0:
         return None
+    diff, e_b, allowed, ulp_floor, floor, spread = _allowance(
+        actual, oracle, baseline, k=k, floor_ulps=floor_ulps, dtype=dtype,
+        baseline_nonfinite=baseline_nonfinite, magnitude=magnitude, rounding=rounding,
+        default_floor=default_floor)
+    bad = diff > allowed
+    if not bool(bad.any()):
+        return None
+    flat, index = _worst(diff - allowed)
+    at = dict(allowed=float(allowed.reshape(-1)[flat]), floor=float(ulp_floor.reshape(-1)[flat]),
+              floor_at=float(floor.reshape(-1)[flat]),
+              spread=None if spread is None else float(spread.reshape(-1)[flat]))
+    del allowed, ulp_floor, floor, spread
+    full = explaining()  # the numbers only a reported failure shows
+    u_max, u_p99 = _ulp_stats(diff, oracle, dtype, p99=full)
+    b_ulp = None if baseline is None else _ulp_stats(_errors(baseline, oracle, None)[0], oracle,
+                                                     dtype, p99=False)[0]
+    overflow = 0 if baseline is None or not full else int(
+        (~torch.isfinite(_to64(baseline)) & torch.isfinite(_to64(oracle))).sum())
+    m = NumericMismatch(
+        path=path, message="", max_abs=float(diff.max()), max_rel=None, index=index,
+        rule="baseline", dtype=_SHORT.get(dtype, str(dtype)), impl_error=float(diff.max()),
+        baseline_error=e_b, k=k, floor_ulps=floor_ulps, ulp_max=u_max,
+        baseline_ulp_max=b_ulp, ulp_p99=u_p99, elements=diff.numel(),
+        mismatched=int(bad.sum()), baseline_overflow=overflow,
+        worst_nonfinite=_nonfinite(_to64(actual.detach().reshape(-1)[flat])),
+        **at, **(_zero_oracle(diff, oracle, bad, dtype) if full else {}))
+    return dataclasses.replace(m, message=describe(m))
+
+
+def rejects(actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor | None, *,
+            k: float = K_DEFAULTS["outputs"], floor_ulps: float = FLOOR_ULPS,
+            dtype: torch.dtype | None = None, baseline_nonfinite: bool = True,
+            magnitude: torch.Tensor | None = None, rounding: torch.Tensor | None = None,
+            default_floor: bool = True, **_: Any) -> bool:
+    """Whether :func:`judge` (with an oracle) rejects ``actual``, without the numbers of the
+    mismatch."""
+    if actual.numel() == 0:
+        return False
+    diff, _e, allowed, *_rest = _allowance(
+        actual, oracle, baseline, k=k, floor_ulps=floor_ulps, dtype=dtype or actual.dtype,
+        baseline_nonfinite=baseline_nonfinite, magnitude=magnitude, rounding=rounding,
+        default_floor=default_floor)
+    return bool((diff > allowed).any())
+
+
+def _allowance(actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor | None, *,
+               k: float, floor_ulps: float, dtype: torch.dtype, baseline_nonfinite: bool,
+               magnitude: torch.Tensor | None, rounding: torch.Tensor | None,
+               default_floor: bool) -> tuple[torch.Tensor, float | None, torch.Tensor,
+                                             torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(|actual - oracle|, the baseline's error, the allowance, the ULP floor, the floor, the
+    rounding spread), per element (see :func:`judge`)."""
     diff, e_b = _errors(actual, oracle, baseline, baseline_nonfinite)
     o_abs = torch.nan_to_num(_to64(oracle).abs(), posinf=0.0)
     scale = o_abs if magnitude is None else torch.maximum(o_abs, _to64(magnitude).reshape(
@@ -294,27 +359,7 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
         b_ulps = float(torch.nan_to_num(_errors(baseline, oracle, None)[0] / ulp(o_abs, dtype),
                                         nan=0.0, posinf=0.0).max())
         allowed = k * b_ulps * ulp(scale, dtype) + floor
-    bad = diff > allowed
-    if not bool(bad.any()):
-        return None
-    flat, index = _worst(diff - allowed)
-    u_max, u_p99 = _ulp_stats(diff, oracle, dtype)
-    b_ulp = None if baseline is None else _ulp_stats(_errors(baseline, oracle, None)[0], oracle,
-                                                     dtype)[0]
-    overflow = 0 if baseline is None else int(
-        (~torch.isfinite(_to64(baseline)) & torch.isfinite(_to64(oracle))).sum())
-    m = NumericMismatch(
-        path=path, message="", max_abs=float(diff.max()), max_rel=None, index=index,
-        rule="baseline", dtype=_SHORT.get(dtype, str(dtype)), impl_error=float(diff.max()),
-        baseline_error=e_b, allowed=float(allowed.reshape(-1)[flat]), k=k,
-        floor=float(ulp_floor.reshape(-1)[flat]),
-        floor_ulps=floor_ulps, floor_at=float(floor.reshape(-1)[flat]), ulp_max=u_max,
-        baseline_ulp_max=b_ulp, ulp_p99=u_p99, elements=diff.numel(),
-        mismatched=int(bad.sum()), baseline_overflow=overflow,
-        spread=None if spread is None else float(spread.reshape(-1)[flat]),
-        worst_nonfinite=_nonfinite(_to64(actual).reshape(-1)[flat]),
-        **_zero_oracle(diff, oracle, bad, dtype))
-    return dataclasses.replace(m, message=describe(m))
+    return diff, e_b, allowed, ulp_floor, floor, spread
 
 
 def _nonfinite(v: torch.Tensor) -> str | None:

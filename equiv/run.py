@@ -17,6 +17,7 @@ from hypothesis.errors import DeadlineExceeded, FlakyFailure, Unsatisfiable
 from equiv._args import as_args
 from equiv._catalog import CHECK_NAMES
 from equiv._contracts import ErrorArgs
+from equiv._explain import verdict_only
 from equiv._settings import EXPLICIT_SEED, SKIPPABLE
 from equiv._settings import settings as Settings
 from equiv.compare import dtype_tolerances
@@ -358,9 +359,11 @@ class _ModeDriver:
             raise _Abort(InvalidArgument(f"equivalent_to(inputs=...) produced a bad example: {e}"))
         costly = self._costly(cot_seed)
         state.after_failure += state.failing
-        try:
-            outcome = execute_example(self.spec, self.cfg, args, cot_seed, state, self.device,
-                                      cotangent=cotangent, costly=costly)
+        context = _build_context()
+        try:  # a failure Hypothesis will not report (it searches or shrinks) is only judged
+            with verdict_only(context is not None and not getattr(context, "is_final", True)):
+                outcome = execute_example(self.spec, self.cfg, args, cot_seed, state,
+                                          self.device, cotangent=cotangent, costly=costly)
         except NotCompiled:
             return
         except InvalidArgument as e:
@@ -380,7 +383,6 @@ class _ModeDriver:
             state.failing = True
             findings = self._described(outcome, variant, args)
             signal = _signal(findings[0].check)(findings, args, cot_seed, cotangent, costly)
-            context = _build_context()
             if context is not None and not getattr(context, "is_final", True):
                 self.searching.append((signal, context))
             del outcome, args, example
@@ -435,8 +437,9 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
         # distinct bugs in catalog order (Hypothesis reports them in no fixed order)
         found.sort(key=lambda e: CHECK_NAMES.index(e.findings[0].check)
                    if e.findings[0].check in CHECK_NAMES else len(CHECK_NAMES))
-        for e in found:
-            findings.extend(_attribute(spec, mcfg, state, device, e))
+        for e in found:  # the replays decide by which checks fail: nothing is explained
+            with verdict_only():
+                findings.extend(_attribute(spec, mcfg, state, device, e))
     if (mode.kind in SKIPPABLE and state.examples and not state.ran and not findings
             and state.unsupported is None):  # e.g. no example could be batched under vmap
         state.unsupported = (f"nothing could be checked under {mode.name}"

@@ -14,9 +14,13 @@ import textwrap
 import time
 from pathlib import Path
 
+import hypothesis
+import hypothesis.strategies as st
 import pytest
+import torch
 
 import equiv
+from equiv.strategies import tensors
 
 HEAD = """\
 import os, sys, time, warnings
@@ -283,6 +287,47 @@ def test_shrinking_keeps_no_copy_of_past_examples(tmp_path):
     ok, drawn, alive = line[0].split()[1:]
     assert ok == "False" and int(drawn) >= 3, line
     assert int(alive) <= 1, line
+
+
+def test_a_failure_is_explained_once_not_per_shrink_step(monkeypatch):
+    """Searching and shrinking a failure only judges each example: the numbers of a numeric
+    mismatch beyond its verdict and the timeline replay are computed once, for the minimal
+    example that is reported (the attribution replay judges it again, unexplained)."""
+    from equiv import numerics
+    from equiv.execution import script
+    explained: list[str] = []
+    zero, replay = numerics._zero_oracle, script._replay_backwards
+    monkeypatch.setattr(numerics, "_zero_oracle",
+                        lambda *a: explained.append("numbers") or zero(*a))
+    monkeypatch.setattr(script, "_replay_backwards",
+                        lambda *a: explained.append("timeline") or replay(*a))
+    calls: list[int] = []
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2.01  # wrong: every example fails the gradient check
+
+    def double(x):
+        return x * 2
+
+    @equiv.equivalent_to(double, inputs=st.integers(1, 40).flatmap(lambda n: st.tuples(
+        tensors(shape=(n,), dtype=torch.float32, requires_grad=True))))
+    def scaled(x):
+        calls.append(x.numel())
+        return Scaled.apply(x)
+
+    report = equiv.check(scaled, modes=("eager",), seed=0, max_examples=8,
+                         raise_on_failure=False, settings=equiv.settings(
+                             hypothesis_settings=hypothesis.settings(database=None)))
+    assert [f.check for f in report.findings] == ["gradients"], report
+    assert "ULP distance from float64" in report.findings[0].details, report
+    assert len(set(calls)) >= 3, calls  # several examples failed while searching and shrinking
+    assert explained.count("numbers") == 1 and explained.count("timeline") == 1, explained
 
 
 # -- compile honesty ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from equiv._compat import tree_flatten
+from equiv._explain import explaining
 from equiv._settings import settings as Settings
 from equiv.compare import Mismatch, align, compare_leaf, compare_trees
 from equiv.errors import InvalidArgument, error_text
@@ -1177,7 +1178,10 @@ def _kink_site(ex: Execution, group: Any, m: Any) -> tuple[int, list[int], str] 
 def kink_cause(ex: Execution, group: Any, m: Any) -> str | None:
     """When the worst element is an input where the reference is not differentiable (its
     output or gradient jumps there, e.g. ``clamp`` at its bounds), the line saying so: the two
-    sides may legitimately pick different one-sided derivatives there."""
+    sides may legitimately pick different one-sided derivatives there. Only for a failure that
+    is explained (:func:`equiv._explain.explaining`): it never changes a verdict."""
+    if not explaining():
+        return None
     site = _kink_site(ex, group, m)
     if site is None:
         return None

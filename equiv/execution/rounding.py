@@ -72,7 +72,7 @@ class _Perturbed(TorchDispatchMode):
                 if _floating(t):
                     t.mul_(self._factor(t))
             return out
-        return tree_map(lambda t: t * self._factor(t) if _floating(t) else t, out)
+        return tree_map(lambda t: self._factor(t).mul_(t) if _floating(t) else t, out)
 
     def _decomposed(self, func: Any, args: Any, kwargs: Any) -> Any:
         self.inside.add(func)
@@ -83,8 +83,9 @@ class _Perturbed(TorchDispatchMode):
             self.inside.discard(func)
 
     def _factor(self, t: torch.Tensor) -> torch.Tensor:
-        r = torch.rand(t.shape, generator=self.gen, dtype=torch.float64) * 2 - 1
-        return (1 + self.rel * r).to(device=t.device, dtype=t.dtype)
+        """``1 + rel * r`` per element of ``t``, a new tensor (computed in place: one copy)."""
+        r = torch.rand(t.shape, generator=self.gen, dtype=torch.float64)
+        return r.mul_(2).sub_(1).mul_(self.rel).add_(1).to(device=t.device, dtype=t.dtype)
 
 
 def _same(a: torch.Tensor, b: Any) -> bool:
@@ -123,6 +124,7 @@ def rounding_spread(run: Callable[[], dict[str, Any] | None], oracle: dict[str, 
             if not (_floating(b) and isinstance(m, torch.Tensor) and m.shape == b.shape):
                 continue
             d = (m.detach().to("cpu", torch.float64) - b.detach().to("cpu", torch.float64))
-            d = torch.nan_to_num(d, nan=0.0, posinf=0.0, neginf=0.0) ** 2
-            squares[name] = squares[name] + d if name in squares else d
+            d = d.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).square_()  # one copy: d
+            squares[name] = squares[name].add_(d) if name in squares else d
+        del moved
     return {n: (s / probes).sqrt() for n, s in squares.items()}

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from equiv._explain import explaining
 from equiv._schedule import Schedule
 from equiv.errors import InvalidArgument
 from equiv.examples import Side, Template
@@ -296,7 +297,10 @@ def explain_backwards(ex: Execution, sink: Sink, first: int) -> None:
     """Replay the core's gradient run as far as it went (forward, backward #1, #2 with a second
     cotangent, #3 with the first again) on the implementation under the recorder, once per
     example and number of backwards, and attach the timeline and likely cause to
-    ``sink.findings[first:]``."""
+    ``sink.findings[first:]``. Only for a failure that is explained
+    (:func:`equiv._explain.explaining`)."""
+    if not explaining():
+        return
     count = max(1, min(ex.backwards_run, 3))
     key = f"backward-replay-{count}"
     if key not in ex.cache:

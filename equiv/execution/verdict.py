@@ -25,7 +25,7 @@ from equiv.execution.calls import cotangent, vjp
 from equiv.execution.calls import leaves as leaves_of
 from equiv.numerics import FLOOR_ULPS_DEFAULTS, K_DEFAULTS, FiniteDifference, NumericMismatch, check_vjp_fd
 from equiv.numerics import judge as judge_numbers
-from equiv.numerics import oracle_disagreement, oracle_dtype
+from equiv.numerics import oracle_disagreement, oracle_dtype, rejects
 
 #: finite differences only on examples with at most this many differentiable elements
 FD_MAX_ELEMENTS = 4096
@@ -97,10 +97,12 @@ def judge_leaf(name: str, actual: Any, expected: Any, *, rtol: float | None,
     ulps = FLOOR_ULPS_DEFAULTS[kind] * (1.0 if size is not None else max(terms, 1.0) ** 0.5)
     options = dict(k=K_DEFAULTS[kind], floor_ulps=ulps, dtype=actual.dtype, path=name,
                    baseline_nonfinite=not cross, magnitude=size, default_floor=not half)
-    found = judge_numbers(actual, o, b, **options)
-    spread = None if found is None else _get(rounding)
+    if not rejects(actual, o, b, **options):
+        return None
+    spread = _get(rounding)
     if isinstance(spread, torch.Tensor) and spread.shape == actual.shape:
-        found = judge_numbers(actual, o, b, rounding=spread, **options)
+        options.update(rounding=spread)
+    found = judge_numbers(actual, o, b, **options)
     if found is None:
         return None
     seen = set(found.message.splitlines())  # assert_close's lines, less those already given
