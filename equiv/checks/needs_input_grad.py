@@ -129,14 +129,18 @@ def _backward(ex: Execution, sink: Sink, done: Any, gen: torch.Generator, when: 
         if m is None:
             continue
         zero = not bool(a.detach().abs().sum()) and bool(e.detach().abs().sum())
-        cause = ("the backward returned None (or zeros) for a needed gradient: it gates "
-                 "the computation on the wrong ctx.needs_input_grad index (needs_input_grad[i] "
-                 "belongs to forward input i)" if zero else
-                 "the backward computes this gradient differently depending on which inputs "
-                 "require grad (ctx.needs_input_grad)")
+        # the evidence of a pattern-dependent backward: with every input requiring grad the
+        # gradients check found nothing on this example
+        cause = None if reported else (
+            "the backward returned None (or zeros) for a needed gradient: it gates "
+            "the computation on the wrong ctx.needs_input_grad index (needs_input_grad[i] "
+            "belongs to forward input i)" if zero else
+            "the backward computes this gradient differently depending on which inputs "
+            "require grad (ctx.needs_input_grad): with every input requiring grad it matches")
         sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference {when}.",
                      argument=name, mismatch=m, likely_cause=cause,
-                     fix="check each `if ctx.needs_input_grad[i]:` against forward's "
-                         "argument order (ctx excluded).")
+                     fix=None if cause is None else
+                     "check each `if ctx.needs_input_grad[i]:` against forward's "
+                     "argument order (ctx excluded).")
         return True
     return False
