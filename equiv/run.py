@@ -401,7 +401,10 @@ class _ModeDriver:
         example_text = template.describe(name) if template else ""
         # a target may print its own example (a module pair rebuilds both modules)
         own_code = getattr(spec.impl, "__equiv_code__", None)
-        code = own_code(args) if own_code else (template.code(name) if template else "")
+        imports = _import_lines(spec.impl, name)
+        code = own_code(args) if own_code else (
+            template.code(name, imports, check=bool(imports) and not imports[0].startswith("#"))
+            if template else "")
         reproduce = (f"equiv.check({name}, seed={self.run_seed})" if self.run_seed is not None
                      else f"equiv.check({name}) with the same profile ({self.cfg.profile}: "
                      "derandomized)")
@@ -769,6 +772,17 @@ def _attribution(f: Finding, mode: Mode, eager_checks: set[str], ref_diverges: s
                 "agrees with the eager reference.")
     return (f"only under {mode.name}: in eager mode the implementation agrees with the reference "
             "on this example.")
+
+def _import_lines(impl: Any, name: str) -> list[str]:
+    """The line importing the implementation into a printed reproduction: ``from mod import
+    name`` for a module-level function or class, else a comment saying where to define it."""
+    mod, qn = getattr(impl, "__module__", None), getattr(impl, "__qualname__", "")
+    if mod and mod != "__main__" and qn == name and name.isidentifier():
+        return [f"from {mod} import {name}"]
+    if not name.isidentifier():
+        return []
+    return [f"# {name}: defined in {mod or 'your code'} (not importable): define it here"]
+
 
 def _with(f: Finding, **changes: Any) -> Finding:
     return dataclasses.replace(f, **changes)

@@ -4,6 +4,14 @@ bug is one root. Each case is a buggy implementation whose finding once carried 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
 import torch
 from hypothesis import strategies as st
 
@@ -242,3 +250,51 @@ def test_several_outputs_of_one_wrong_call_are_one_root():
     assert len(report.roots()) == 1, [(f.check, f.argument, f.caused_by) for f in report.findings]
     assert {f.argument for f in report.findings if f.check == "forward"} == {"output[0]",
                                                                            "output[1]"}
+
+
+# -- reproductions that run as printed ------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+BIG = textwrap.dedent('''
+    import torch
+    from equiv import equivalent_to
+
+    def ref(x):
+        return x.sum(-1)
+
+    @equivalent_to(ref, variants=(), examples=[(torch.randn(3, 70),)])
+    def rowsum(x):
+        return x.sum(-1) + (x[..., 0] > 0.5) * 1e-3  # wrong where the first value is large
+''')
+
+
+def _printed_roots(target: Path, cwd: Path) -> list[dict]:
+    out = cwd / "report.json"
+    subprocess.run([sys.executable, "-m", "equiv", "check", str(target), "--modes", "eager",
+                    "--json", str(out)], cwd=cwd, capture_output=True, text=True, timeout=300,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    doc = json.loads(out.read_text())
+    return [f for result in doc["results"] for f in result["findings"] if f["caused_by"] is None]
+
+
+def _reproduce(finding: dict, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", finding["example"]["code"]], cwd=cwd,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.parametrize("name", ["buggy_kernels.py", "x_squared_advance.py", "big"])
+def test_printed_reproductions_run_and_fail_the_same_way(name, tmp_path):
+    folder = ROOT / "examples" / "failing"
+    if name == "big":  # over 64 elements: its exact values are printed as bytes
+        folder = tmp_path
+        (folder / "big_rowsum.py").write_text(BIG)
+        name = "big_rowsum.py"
+    roots = _printed_roots(folder / name, tmp_path)
+    assert roots
+    for f in roots:
+        code = f["example"]["code"]
+        assert "elided" not in code and "import equiv" in code, code
+        run = _reproduce(f, folder)
+        assert run.returncode != 0, code
+        assert f"{f['kind']}: {f['headline']}" in run.stderr, (code, run.stderr[-2000:])
