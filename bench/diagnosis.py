@@ -76,18 +76,19 @@ class _ReluInplace(torch.autograd.Function):
 
 
 class _SiluDetached(torch.autograd.Function):
-    """silu whose backward computes the sigmoid from a detached input: double backward is cut."""
+    """silu saving the sigmoid computed in forward (no autograd history there): the double
+    backward misses its derivative."""
 
     @staticmethod
     def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * torch.sigmoid(x)
+        s = torch.sigmoid(x)
+        ctx.save_for_backward(x, s)
+        return x * s
 
     @staticmethod
     def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        s = torch.sigmoid(x.detach())
-        return g * s * (1 + x.detach() * (1 - s))
+        x, s = ctx.saved_tensors
+        return g * s * (1 + x * (1 - s))
 
 
 class _MulWrongSlot(torch.autograd.Function):
@@ -211,7 +212,7 @@ def bugs() -> dict[str, Callable[[], Any]]:
         return equivalent_to(lambda x: torch.relu(x), mutates={"x": "out"})(
             lambda x: _ReluInplace.apply(x))
 
-    @reg("double backward cut (silu, detached)")
+    @reg("double backward cut (silu, saved sigmoid)")
     def _():
         return equivalent_to(torch.nn.functional.silu, inputs=st.tuples(
             tensors(dtype=F64, requires_grad=True)))(lambda x: _SiluDetached.apply(x))

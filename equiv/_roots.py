@@ -14,7 +14,9 @@ follow-on when an earlier finding explains it:
   before it too); a gradient check whose timeline's likely cause is the saved
   value of an argument that the ``mutation`` finding shows written;
 - in a non-eager mode whose eager replay of its example fails the same check (its
-  attribution says so): after the eager finding of that check, device and argument.
+  attribution says so): after the eager finding of that check, device and argument, or, for
+  a gradient check, after the eager ``mark-dirty`` finding of that argument (gradients
+  through its new value skip the unrecorded write).
 
 Anything else, and anything unsure (no example text, flaky, run-level), stays a root.
 """
@@ -96,6 +98,10 @@ def _explained_by(f: Finding, earlier: Sequence[Finding]) -> int | None:
         for j, e in enumerate(earlier):
             if (e.mode == "eager" and e.device == f.device and e.check == f.check
                     and e.argument == f.argument and e.example):
+                return j
+        for j, e in enumerate(earlier):  # eager fails it too: the write gradients skip
+            if (e.mode == "eager" and e.device == f.device and e.check == "mark-dirty"
+                    and f.check in _GRADIENT and e.argument == f.argument):
                 return j
     return None
 

@@ -153,11 +153,16 @@ class ModeResult:
     info: str = ""
 
     def render(self) -> str:
-        text = f"{self.mode} on {self.device}: {self.status} ({self.examples} examples"
+        text = (f"{self.mode} on {self.device}: {self.status} ({self.examples} "
+                f"example{'' if self.examples == 1 else 's'}")
         text += f"; {self.info})" if self.info else ")"
         if self.reason:
             text += f": {self.reason}"
         return text
+
+
+#: how the settings line of a report of ``equiv.assert_equivalent`` begins (nothing drawn)
+GIVEN = "equiv.assert_equivalent on the given example"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,11 +200,13 @@ class Report:
         """The summary line; it counts root findings (``verdict`` replaces that count)."""
         verdict = verdict or ("equivalent" if self.ok else count_findings(
             len(self.roots()), len(self.findings) - len(self.roots())))
+        plural = "" if self.examples_run == 1 else "s"
+        seed = ("the given example" if self.settings.startswith(GIVEN) else "derandomized"
+                if self.seed is None else f"seed {self.seed}")
         return (
             f"equiv: {self.implementation} vs {self.reference}: {verdict} "
-            f"({self.examples_run} examples, {self.invalid_examples} rejected as invalid; "
-            f"modes {', '.join(self.modes)}; devices {', '.join(self.devices)}; "
-            f"{'derandomized' if self.seed is None else f'seed {self.seed}'})"
+            f"({self.examples_run} example{plural}, {self.invalid_examples} rejected as invalid; "
+            f"modes {', '.join(self.modes)}; devices {', '.join(self.devices)}; {seed})"
         )
 
     def preamble(self) -> list[str]:
