@@ -255,6 +255,16 @@ def count_findings(roots: int, follow_ons: int) -> str:
                    if follow_ons else "")
 
 
+def _how(root: Finding, f: Finding) -> list[str]:
+    """The line telling how ``root`` caused the follow-on ``f`` when ``f``'s likely cause (its
+    timeline's) is about the root's argument: a write that staled its saved value."""
+    cause = f.likely_cause or ""
+    if root.argument and cause.startswith((f"saved {root.argument!r} ",
+                                           f"{root.argument!r} stashed as ")):
+        return [f"    how: {cause}"]
+    return []
+
+
 def follow_on_label(f: Finding) -> str:
     return f"{f.check} ({f.mode}{'' if f.device == 'cpu' else ', ' + f.device})"
 
@@ -276,8 +286,10 @@ def render_findings(findings: Sequence[Finding], causes: Sequence[int | None],
         if mine:
             lines.append(f"+{len(mine)} follow-on finding{'s' if len(mine) != 1 else ''}: "
                          + ", ".join(follow_on_label(findings[j]) for j in mine))
-            lines.extend(f"  {follow_on_label(findings[j])}: {findings[j].kind}: "
-                         f"{findings[j].headline}" for j in mine)
+            for j in mine:
+                lines.append(f"  {follow_on_label(findings[j])}: {findings[j].kind}: "
+                             f"{findings[j].headline}")
+                lines.extend(_how(findings[i], findings[j]))
     for j in shown:
         c = causes[j]
         if c is not None and c not in shown:
