@@ -234,6 +234,23 @@ class _XdistHooks:
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput["equiv_seed"] = self.state.seed
 
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        """The controller collects nothing, so its header may have been left out: note that a
+        worker ran an equiv item (its setup report carries the item's property)."""
+        if report.when == "setup" and any(name == _ITEM_PROPERTY for name, _ in
+                                          getattr(report, "user_properties", ())):
+            self.ran_equiv = True
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """The seed line, under xdist, when workers ran equiv items and no header showed it."""
+        state = self.state
+        if getattr(self, "ran_equiv", False) and not state.is_worker and not state.header_shown:
+            try:
+                terminalreporter.write_line(state.header())
+            except pytest.UsageError:
+                return
+            state.header_shown = True
+
 
 def pytest_report_header(config: Any) -> str | None:
     state = _state(config)

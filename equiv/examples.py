@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -309,19 +309,18 @@ class Template:
                 out.append((n, v))
         return out
 
-    def code(self, call: str) -> str:
-        """Runnable Python that rebuilds the example's structure and values and calls ``call``."""
-        lines = ["import torch"]
+    def code(self, call: str, imports: Sequence[str] = (), check: bool = False) -> str:
+        """Runnable Python that rebuilds the example's structure and values and calls ``call``
+        (after the ``imports`` lines that bring it in); with ``check``, runs every eager check
+        on it instead (``equiv.assert_equivalent``, which raises the finding's failure)."""
+        lines = ["import torch", *(["import equiv"] if check else []), *imports]
         direct = {g.index for g in self.groups if g.simple and
                   self.slots[g.slots[0]].stride == _contiguous_strides(self.slots[g.slots[0]].size)}
         for g in self.groups:
             vals = g.values.detach().cpu()
             if g.index in direct:
                 vals = vals.reshape(self.slots[g.slots[0]].size)
-            if vals.numel() <= 64:
-                data = repr(vals.tolist())
-            else:
-                data = None
+            data = repr(vals.tolist()) if vals.numel() <= 64 else None
             rg = ", requires_grad=True" if g.requires_grad else ""
             dev = "" if g.values.device.type == "cpu" else f", device={str(g.values.device)!r}"
             target = (_identifier(self.slots[g.slots[0]].path) if g.index in direct
@@ -335,11 +334,16 @@ class Template:
                     f"{target} = torch.empty({tuple(vals.shape)}, dtype={g.dtype}{dev}{rg})")
             elif data is not None:
                 lines.append(f"{target} = torch.tensor({_literal(data)}, dtype={g.dtype}{dev}{rg})")
+            elif vals.numel() <= EXACT_INLINE:
+                if "import base64" not in lines:
+                    lines.insert(1, "import base64")
+                lines.append(f"{target} = {_exact_bytes(vals)}{_placed(dev, rg)}")
             else:
                 shape = tuple(vals.shape)
                 lines.append(
                     f"{target} = torch.randn({shape}, dtype={g.dtype}{dev}{rg})"
-                    "  # values elided (over 64 elements): the Reproduce line replays them"
+                    f"  # values elided (over {EXACT_INLINE} elements): the Reproduce line "
+                    "replays them"
                 )
             if nonleaf:
                 lines.append(f"{final_target} = {target}.clone()")
@@ -369,7 +373,10 @@ class Template:
                 call_args.append(f"{n}={v!r}")
             else:
                 call_args.append(repr(v))
-        lines.append(f"{call}({', '.join(call_args)})")
+        if check:
+            lines.append(f"equiv.assert_equivalent({', '.join([call, *call_args])})")
+        else:
+            lines.append(f"{call}({', '.join(call_args)})")
         return "\n".join(lines)
 
     def _variable(self, j: int) -> str:
@@ -438,6 +445,26 @@ def _shown(value: Any, limit: int = 120) -> str:
     except Exception:
         return "<unprintable>"
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+#: storages up to this many elements over 64 are printed as their exact bytes (base64)
+EXACT_INLINE = 4096
+
+
+def _exact_bytes(vals: torch.Tensor) -> str:
+    """An expression rebuilding ``vals`` (on the CPU) bit for bit from its bytes."""
+    import base64
+
+    raw = vals.contiguous().view(-1).view(torch.uint8) if vals.dtype != torch.bool else vals
+    data = base64.b64encode(bytes(raw.contiguous().numpy().tobytes())).decode()
+    return (f"torch.frombuffer(bytearray(base64.b64decode({data!r})), dtype={vals.dtype})"
+            f".reshape({tuple(vals.shape)}).clone()")
+
+
+def _placed(dev: str, rg: str) -> str:
+    """The method calls that move a rebuilt tensor to ``dev`` and make it require grad."""
+    out = f".to({dev[2:].split('=', 1)[1]})" if dev else ""
+    return out + (".requires_grad_()" if rg else "")
 
 
 def _literal(data: str) -> str:

@@ -155,11 +155,16 @@ class ModeResult:
     recompile_reasons: tuple[str, ...] = ()
 
     def render(self) -> str:
-        text = f"{self.mode} on {self.device}: {self.status} ({self.examples} examples"
+        text = (f"{self.mode} on {self.device}: {self.status} ({self.examples} "
+                f"example{'' if self.examples == 1 else 's'}")
         text += f"; {self.info})" if self.info else ")"
         if self.reason:
             text += f": {self.reason}"
         return text
+
+
+#: how the settings line of a report of ``equiv.assert_equivalent`` begins (nothing drawn)
+GIVEN = "equiv.assert_equivalent on the given example"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,11 +202,13 @@ class Report:
         """The summary line; it counts root findings (``verdict`` replaces that count)."""
         verdict = verdict or ("equivalent" if self.ok else count_findings(
             len(self.roots()), len(self.findings) - len(self.roots())))
+        plural = "" if self.examples_run == 1 else "s"
+        seed = ("the given example" if self.settings.startswith(GIVEN) else "derandomized"
+                if self.seed is None else f"seed {self.seed}")
         return (
             f"equiv: {self.implementation} vs {self.reference}: {verdict} "
-            f"({self.examples_run} examples, {self.invalid_examples} rejected as invalid; "
-            f"modes {', '.join(self.modes)}; devices {', '.join(self.devices)}; "
-            f"{'derandomized' if self.seed is None else f'seed {self.seed}'})"
+            f"({self.examples_run} example{plural}, {self.invalid_examples} rejected as invalid; "
+            f"modes {', '.join(self.modes)}; devices {', '.join(self.devices)}; {seed})"
         )
 
     def preamble(self) -> list[str]:
@@ -250,6 +257,16 @@ def count_findings(roots: int, follow_ons: int) -> str:
                    if follow_ons else "")
 
 
+def _how(root: Finding, f: Finding) -> list[str]:
+    """The line telling how ``root`` caused the follow-on ``f`` when ``f``'s likely cause (its
+    timeline's) is about the root's argument: a write that staled its saved value."""
+    cause = f.likely_cause or ""
+    if root.argument and cause.startswith((f"saved {root.argument!r} ",
+                                           f"{root.argument!r} stashed as ")):
+        return [f"    how: {cause}"]
+    return []
+
+
 def follow_on_label(f: Finding) -> str:
     return f"{f.check} ({f.mode}{'' if f.device == 'cpu' else ', ' + f.device})"
 
@@ -271,8 +288,10 @@ def render_findings(findings: Sequence[Finding], causes: Sequence[int | None],
         if mine:
             lines.append(f"+{len(mine)} follow-on finding{'s' if len(mine) != 1 else ''}: "
                          + ", ".join(follow_on_label(findings[j]) for j in mine))
-            lines.extend(f"  {follow_on_label(findings[j])}: {findings[j].kind}: "
-                         f"{findings[j].headline}" for j in mine)
+            for j in mine:
+                lines.append(f"  {follow_on_label(findings[j])}: {findings[j].kind}: "
+                             f"{findings[j].headline}")
+                lines.extend(_how(findings[i], findings[j]))
     for j in shown:
         c = causes[j]
         if c is not None and c not in shown:

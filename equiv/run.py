@@ -26,7 +26,7 @@ from equiv.errors import GradientMismatch, InvalidArgument, error_text, user_err
 from equiv.modes import Mode, ModeRun, NotCompiled, device_unavailable, parse_mode
 from equiv._roots import EAGER_TOO, with_causes
 from equiv._watchdog import ExampleTimeout, deadline_timeout, per_example
-from equiv.execution.calls import isolated, owned_process
+from equiv.execution.calls import isolated, owned_process, quiet_anomaly
 from equiv.execution.record import Placement
 from equiv.pipeline import Outcome, execute_example, narrowed, rows_for
 from equiv.report import Finding, ModeResult, Report
@@ -117,7 +117,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     reference = _reference_placement(spec.reference_device or reference_device,
                                      spec.reference_dtype or reference_dtype)
     with torch.inference_mode(False), isolated(config=True), torch.enable_grad(), \
-            owned_process():
+            owned_process(), quiet_anomaly():
         report = _check(spec, cfg, mode_objs, reference)
     if raise_on_failure and not report.findings and not report.ok:
         first = report.runs[0]
@@ -402,7 +402,10 @@ class _ModeDriver:
         example_text = template.describe(name) if template else ""
         # a target may print its own example (a module pair rebuilds both modules)
         own_code = getattr(spec.impl, "__equiv_code__", None)
-        code = own_code(args) if own_code else (template.code(name) if template else "")
+        imports = _import_lines(spec.impl, name)
+        code = own_code(args) if own_code else (
+            template.code(name, imports, check=bool(imports) and not imports[0].startswith("#"))
+            if template else "")
         reproduce = (f"equiv.check({name}, seed={self.run_seed})" if self.run_seed is not None
                      else f"equiv.check({name}) with the same profile ({self.cfg.profile}: "
                      "derandomized)")
@@ -772,6 +775,17 @@ def _attribution(f: Finding, mode: Mode, eager_checks: set[str], ref_diverges: s
                 "agrees with the eager reference.")
     return (f"only under {mode.name}: in eager mode the implementation agrees with the reference "
             "on this example.")
+
+def _import_lines(impl: Any, name: str) -> list[str]:
+    """The line importing the implementation into a printed reproduction: ``from mod import
+    name`` for a module-level function or class, else a comment saying where to define it."""
+    mod, qn = getattr(impl, "__module__", None), getattr(impl, "__qualname__", "")
+    if mod and mod != "__main__" and qn == name and name.isidentifier():
+        return [f"from {mod} import {name}"]
+    if not name.isidentifier():
+        return []
+    return [f"# {name}: defined in {mod or 'your code'} (not importable): define it here"]
+
 
 def _with(f: Finding, **changes: Any) -> Finding:
     return dataclasses.replace(f, **changes)

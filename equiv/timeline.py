@@ -352,7 +352,10 @@ class Recorder:
             moved = [s.alias._version != v for s, v in watchers]
             event["saved_watched"] = [s.event["step"] for s, _ in watchers]
             event["saved_bumped"] = [s.event["step"] for (s, _), m in zip(watchers, moved) if m]
-            event["tracked"] = all(moved) if moved else after != before
+            # a tensor freed before dispatch returned (an out= temporary) shows no version:
+            # unknown (None), never "untracked"
+            event["tracked"] = (all(moved) if moved else None if t is None
+                                else after != before)
 
 
 def _nodes(outputs: Iterable[Any]) -> list[Any]:
@@ -431,6 +434,8 @@ def render(events: Sequence[dict[str, Any]], max_events: int | None = None) -> s
         elif kind == "write":
             if e["tracked"]:
                 tracked = "version bumped"
+            elif e["tracked"] is None:
+                tracked = "version not observed: the tensor was freed at once"
             elif e.get("arg_bumped"):
                 tracked = "its version bumped, a saved alias's NOT: separate counter"
             else:
@@ -484,6 +489,8 @@ def likely_cause(events: Sequence[dict[str, Any]]) -> str | None:
             version = "version bumped, but nothing checks a ctx attribute"
         elif bumped:
             version = "version bumped: autograd raises here when no hooks are installed"
+        elif w["tracked"] is None:
+            version = "version not observed"
         elif w.get("arg_bumped"):
             version = ("version of the saved value NOT bumped: the write bumped only "
                        f"the counter of {_quote(w['tensor'])}; the saved value shares its storage "

@@ -9,6 +9,8 @@ is continuous, with a continuous gradient, across every planted position.
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, Callable, Sequence
 
 import torch
@@ -130,6 +132,45 @@ def smooth_at(reference: Callable[..., Any] | None, args: Sequence[Any], kwargs:
             raise
         return False
     return all(_close(at, other) for other in (up, down))
+
+
+def jumps_at(reference: Callable[..., Any], args: Sequence[Any], kwargs: dict,
+             planted: dict[int, list[int]]) -> bool:
+    """True when the reference's outputs or VJP (:func:`smooth_at`'s probe) really jump across
+    the planted positions: the gap from the example to the example moved by a step stays when
+    the step shrinks tenfold (a kink or a discontinuity), where a smooth but steep function's
+    gap (``b / c`` at a small ``c``) shrinks with the step. A reference that raises is no
+    evidence: False."""
+    try:
+        at = _probe(reference, args, kwargs, planted, 0.0)
+        for sign in (1.0, -1.0):
+            far = _gap(at, _probe(reference, args, kwargs, planted, sign * _STEP))
+            near = _gap(at, _probe(reference, args, kwargs, planted, sign * _STEP / 10))
+            if near > _JUMP and near > 0.5 * far:
+                return True
+    except BaseException as e:  # the reference raised (SystemExit too): nothing confirmed
+        if not user_error(e):
+            raise
+    return False
+
+
+def _gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """The largest relative gap ``|x - y| / (1 + |x|)`` between two probes (inf where their
+    structure or finiteness differs)."""
+    if len(a) != len(b):
+        return math.inf
+    worst = 0.0
+    for x, y in zip(a, b):
+        if x.shape != y.shape or not torch.equal(torch.isfinite(x), torch.isfinite(y)):
+            return math.inf
+        if not (x.dtype.is_floating_point or x.dtype.is_complex):
+            worst = worst if torch.equal(x, y) else math.inf
+            continue
+        finite = torch.isfinite(x) & torch.isfinite(y)
+        if finite.any():
+            worst = max(worst, float(((x[finite] - y[finite]).abs()
+                                      / (1 + x[finite].abs())).max()))
+    return worst
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,9 @@ def test_buggy_example_fails_readably():
     assert out.returncode == 1, out.stdout + out.stderr
     text = out.stdout
     assert "FAIL" in text
-    assert "check: gradients" in text and "gradient w.r.t. 'x'" in text
+    # the stale gradient is a follow-on of the write that staled it (its timeline shows it)
+    assert "follow-on findings: gradients (eager)" in text and "gradient w.r.t. 'x'" in text
+    assert "    how: saved 'w' (forward step 1" in text  # the timeline's story, under the root
     assert "Greatest absolute difference" in text
     assert "Minimal failing example:" in text and "scale_stale(x=f32[" in text
     assert "argument 'w' was modified" in text

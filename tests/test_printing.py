@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 
 import hypothesis
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -136,10 +137,32 @@ def test_a_compiled_modes_timeline_says_it_is_an_eager_replay():
 
 
 def test_elided_values_point_at_the_reproduce_line():
-    """Past 64 elements the printed code draws new values: it says which line replays the
+    """Past 4096 elements the printed code draws new values: it says which line replays the
     failing ones."""
     def f(x):
         return x
 
-    t = Template(inspect.signature(f), Args(torch.arange(100.0)))
+    t = Template(inspect.signature(f), Args(torch.arange(5000.0)))
     assert "the Reproduce line replays them" in t.code("f")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64,
+                                   torch.bool])
+def test_values_over_64_elements_are_rebuilt_exactly(dtype):
+    """65 to 4096 elements: the code carries the exact bytes (NaN, -0.0 and all)."""
+    def f(x):
+        return x
+
+    x = torch.randn(7, 11, dtype=torch.float64).to(dtype)
+    if dtype.is_floating_point:
+        x[0, 0], x[0, 1] = float("nan"), -0.0
+    code = Template(inspect.signature(f), Args(x.t())).code("f")
+    assert "elided" not in code
+    scope: dict = {"f": lambda x: scope.__setitem__("got", x)}
+    exec(code, scope)
+    got = scope["got"]
+    assert got.dtype == dtype and got.shape == x.t().shape and got.stride() == x.t().stride()
+    def bits(t):
+        t = t.contiguous().view(-1)
+        return t if t.dtype == torch.bool else t.view(torch.uint8)
+    assert torch.equal(bits(got), bits(x.t()))

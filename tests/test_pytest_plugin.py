@@ -342,6 +342,14 @@ def test_xdist_tx_and_dist_options_give_the_verdicts_of_a_serial_run(project, tm
                     "test_kernels.py::scale_stale[eager-cpu]": ("fail", 11, True)}
 
 
+def test_xdist_without_equiv_options_still_prints_the_seed_line(project):
+    """The controller collects nothing and imports no equiv: the seed line comes at the end."""
+    result = project.runpytest_subprocess("-n", "2", "-k", "not compile", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    lines = [ln for ln in result.stdout.lines if ln.startswith("equiv: profile=")]
+    assert len(lines) == 1 and " --equiv-seed=" in lines[0], result.stdout.lines[-30:]
+
+
 def test_findings_reports_and_results_pickle():
     """What crosses process boundaries (xdist) pickles: the failure, its report, findings."""
     import pickle

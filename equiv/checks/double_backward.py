@@ -102,13 +102,10 @@ def run(ex: Execution, sink: Sink) -> None:
                    torch.zeros_like(leaf) if e is None else e, lambda i=i: oracle(i))
         if m is None:
             continue
+        cause = _cause(sink, who, missing)
         sink.finding(NAME, f"second-order gradient (double backward) w.r.t. "
                     f"{name!r} differs from the reference.", argument=name, mismatch=m,
-                    likely_cause=_cause(sink, who, missing),
-                    fix="save inputs or outputs (not intermediates) and recompute the rest in "
-                        "backward with torch ops, or decorate backward with "
-                        "@torch.autograd.function.once_differentiable so double backward raises "
-                        "instead of returning a wrong value.")
+                    likely_cause=cause, fix=_PARTLY_FIX if cause and cause.startswith(who) else None)
 
 
 #: at most this many elements at a kink of the reference's derivative are set aside per value
@@ -158,6 +155,11 @@ def _flat(index: tuple[int, ...], like: torch.Tensor) -> int:
     return sum(i * s for i, s in zip(index, like.contiguous().stride()))
 
 
+#: the fix of a partly differentiable backward (only beside that confirmed cause)
+_PARTLY_FIX = ("save inputs or outputs (not intermediates) and recompute the rest in backward "
+               "with torch ops, or decorate backward with "
+               "@torch.autograd.function.once_differentiable so double backward raises instead "
+               "of returning a wrong value.")
 _PARTLY = ("{who}'s backward is only partly differentiable: a value it uses has no autograd "
            "history ({what}), so its derivative is missing from double backward.")
 

@@ -129,14 +129,41 @@ def _backward(ex: Execution, sink: Sink, done: Any, gen: torch.Generator, when: 
         if m is None:
             continue
         zero = not bool(a.detach().abs().sum()) and bool(e.detach().abs().sum())
-        cause = ("the backward returned None (or zeros) for a needed gradient: it gates "
-                 "the computation on the wrong ctx.needs_input_grad index (needs_input_grad[i] "
-                 "belongs to forward input i)" if zero else
-                 "the backward computes this gradient differently depending on which inputs "
-                 "require grad (ctx.needs_input_grad)")
+        # the evidence of a pattern-dependent backward: with every input requiring grad, and
+        # this pattern's cotangent, the implementation's gradient is another one
+        cause = None if reported or not _pattern_dependent(ex, cots, name, a) else (
+            "the backward returned None (or zeros) for a needed gradient: it gates "
+            "the computation on the wrong ctx.needs_input_grad index (needs_input_grad[i] "
+            "belongs to forward input i)" if zero else
+            "the backward computes this gradient differently depending on which inputs "
+            "require grad (ctx.needs_input_grad): with every input requiring grad and the "
+            "same cotangent it returns another one")
         sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference {when}.",
                      argument=name, mismatch=m, likely_cause=cause,
-                     fix="check each `if ctx.needs_input_grad[i]:` against forward's "
-                         "argument order (ctx excluded).")
+                     fix=None if cause is None else
+                     "check each `if ctx.needs_input_grad[i]:` against forward's "
+                     "argument order (ctx excluded).")
         return True
     return False
+
+
+def _pattern_dependent(ex: Execution, cots: list[torch.Tensor], name: str,
+                       got: torch.Tensor) -> bool:
+    """The implementation's gradient w.r.t. ``name`` with every input requiring grad, for the
+    same cotangents, differs from ``got`` (this pattern's): its backward depends on the
+    pattern. A rerun that raises or cannot pair is no evidence."""
+    full, exc = ex.rerun(ex.template)
+    if exc is not None or full is None or not full.pairing.ok:
+        return False
+    leaves = ex.leaves("impl", full.pairing, full.impl_side)
+    grads, err = vjp([i for _, i, _ in full.pairing.pairs], leaves, [c.clone() for c in cots])
+    if err is not None:
+        return False
+    for g, a in zip(full.pairing.groups, grads):
+        if ex.template.group_name(g) == name:
+            a = torch.zeros_like(got) if a is None else a.detach()
+            return a.shape != got.shape or not torch.allclose(a.to(got.dtype), got.detach(),
+                                                              rtol=1e-6, atol=1e-9,
+                                                              equal_nan=True)
+    return False
+

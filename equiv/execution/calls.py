@@ -113,6 +113,18 @@ def _restore(saved: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
+def quiet_anomaly() -> Iterator[None]:
+    """While equiv runs both sides: autograd's anomaly-mode warnings ("Error detected in
+    ...Backward. Traceback of forward call...", printed when a user turned anomaly mode on and
+    a backward raises) stay off stderr: they show equiv's own frames, and the finding carries
+    the user's traceback."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Error detected in .*Traceback of forward",
+                                category=UserWarning)
+        yield
+
+
+@contextlib.contextmanager
 def isolated(config: bool = False) -> Iterator[None]:
     """Global torch state the user's code may set (default dtype and device, deterministic
     algorithms, thread count, anomaly mode, grad mode; with ``config``, the Dynamo config too)

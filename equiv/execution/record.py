@@ -37,7 +37,7 @@ from equiv.modes import normalise_error
 from equiv.numerics import NumericMismatch, oracle_disagreement, oracle_dtype
 from equiv.report import Finding
 from equiv.spec import Spec
-from equiv.strategies._derived import smooth_at
+from equiv.strategies._derived import jumps_at, smooth_at
 from equiv.variants import CONTIGUOUS, CotangentVariant
 
 
@@ -1188,8 +1188,10 @@ def kink_cause(ex: Execution, group: Any, m: Any) -> str | None:
     k, flats, where = site
     side = ex.ref_side
     assert side is not None
-    if smooth_at(ex.spec.ref, side.bound.args, dict(side.bound.kwargs), {k: flats}):
-        return None
+    args, kwargs = side.bound.args, dict(side.bound.kwargs)
+    if smooth_at(ex.spec.ref, args, kwargs, {k: flats}) or not jumps_at(ex.spec.ref, args,
+                                                                         kwargs, {k: flats}):
+        return None  # no jump seen within the probe's radius: no claim
     values = list(side.bound.args) + list(side.bound.kwargs.values())
     ties = _tied_with(ex, side, values, k, tuple(m.index)) if group.simple else []
     tie = (f" and ties {' and '.join(ties)} (equal values in two arguments; moving the tied "
@@ -1214,16 +1216,22 @@ def derivative_kink(ex: Execution, group: Any, m: Any) -> str | None:
     assert side is not None
     args, kwargs = side.bound.args, dict(side.bound.kwargs)
     if not smooth_at(ex.spec.ref, args, kwargs, {k: flats}):
-        return where
+        return where if jumps_at(ex.spec.ref, args, kwargs, {k: flats}) else None
     try:
-        at, up, down = (_second_order(ex.spec.ref, args, kwargs, k, flats, step)
-                        for step in (0.0, _KINK_STEP, -_KINK_STEP))
+        at, up, down, up_near, down_near = (
+            _second_order(ex.spec.ref, args, kwargs, k, flats, step)
+            for step in (0.0, _KINK_STEP, -_KINK_STEP, _KINK_STEP / 10, -_KINK_STEP / 10))
     except BaseException as e:  # the reference raised (SystemExit too): no claim
         if not user_error(e):
             raise
         return None
-    jump = [bool(((a - b).abs() > _KINK_JUMP * (1 + a.abs())).any())
-            for a, b in ((at, up), (at, down)) if a.shape == b.shape]
+
+    def gap(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float(((a - b).abs() / (1 + a.abs())).max()) if a.numel() else 0.0
+    # a jump stays when the step shrinks; a steep smooth second derivative's gap shrinks too
+    jump = [gap(at, near) > _KINK_JUMP and gap(at, near) > 0.5 * gap(at, far)
+            for far, near in ((up, up_near), (down, down_near))
+            if at.shape == far.shape == near.shape]
     return where if any(jump) else None
 
 
