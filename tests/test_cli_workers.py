@@ -3,12 +3,14 @@ process; a worker that dies is an error row naming the crash, and the rest of th
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import pickle
 import tempfile
 import textwrap
+from typing import Iterator
 
 import pytest
 import torch
@@ -74,16 +76,25 @@ SPECS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _default_profile(monkeypatch):
+@contextlib.contextmanager
+def _default() -> Iterator[None]:
     """The default profile, whatever CI or EQUIV_PROFILE say."""
     import equiv
 
-    monkeypatch.delenv("CI", raising=False)
-    monkeypatch.delenv("EQUIV_PROFILE", raising=False)
-    previous = equiv.settings._push_session("default")
-    yield
-    equiv.settings._pop_session(previous)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("CI", raising=False)
+        mp.delenv("EQUIV_PROFILE", raising=False)
+        previous = equiv.settings._push_session("default")
+        try:
+            yield
+        finally:
+            equiv.settings._pop_session(previous)
+
+
+@pytest.fixture(autouse=True)
+def _default_profile():
+    with _default():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +122,8 @@ def run(*argv: str) -> tuple[int, str, str]:
 def serial(folder):
     """The passing and failing specs run in this process: (exit, output, JSON text)."""
     report = folder / "serial.json"
-    code, out, _ = run("check", str(folder), "-k", "not crash", *QUICK, "--json", str(report))
+    with _default():  # a module fixture runs before the function-scoped _default_profile
+        code, out, _ = run("check", str(folder), "-k", "not crash", *QUICK, "--json", str(report))
     return code, out, report.read_text()
 
 

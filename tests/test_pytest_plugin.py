@@ -116,7 +116,7 @@ def test_failure_shows_the_finding_and_the_flags_to_reproduce_without_pytest_noi
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*_ scale_stale[[]eager-cpu[]] _*",
-        "equiv: kernels.scale_stale vs kernels.scale_ref: * findings*seed 123)",
+        "equiv: kernels.scale_stale vs kernels.scale_ref: * finding*seed 123)",
         "MutationMismatch: argument 'w' was modified, but the contract does not declare it*",
         "  mode: eager   device: cpu   dtype: torch.float32   check: mutation",
         "GradientMismatch: gradient w.r.t. 'x' differs from the reference on backward #1.",
