@@ -119,7 +119,9 @@ def test_failure_shows_the_finding_and_the_flags_to_reproduce_without_pytest_noi
         "equiv: kernels.scale_stale vs kernels.scale_ref: * finding*seed 123)",
         "MutationMismatch: argument 'w' was modified, but the contract does not declare it*",
         "  mode: eager   device: cpu   dtype: torch.float32   check: mutation",
-        "GradientMismatch: gradient w.r.t. 'x' differs from the reference on backward #1.",
+        "+1 follow-on finding: gradients (eager)",
+        "  gradients (eager): GradientMismatch: gradient w.r.t. 'x' differs from the reference "
+        "on backward #1.",
         "Reproduce in pytest: pytest 'test_kernels.py::scale_stale[[]eager-cpu[]]' "
         "--equiv-profile=default --equiv-modes=eager --equiv-devices=cpu "
         "--equiv-max-examples=3 --equiv-seed=123",
