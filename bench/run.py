@@ -44,6 +44,8 @@ def sections(quick: bool, device: str, suite: bool = False) -> list[tuple[str, s
         return [
             ("Overhead", "overhead", {"examples": 3, "sizes": (100,), "rounds": 1,
                                       "device": device}),
+            ("Versus the hand-written test and the executed raw", "peer",
+             {"examples": 2, "sizes": (1000,), "rounds": 1}),
             ("Growth", "growth", {"max_numel": 100, "examples": 2, "rounds": 1, "max_args": 2}),
             ("Versus gradcheck and opcheck", "versus", {"bugs": 2}),
             ("Time to first failure", "first_failure", {"seeds": 1, "bugs": 2}),
@@ -60,6 +62,7 @@ def sections(quick: bool, device: str, suite: bool = False) -> list[tuple[str, s
         ]
     return [
         ("Overhead: check() / raw execution (eager)", "overhead", {"device": device}),
+        ("Versus the hand-written test and the executed raw (eager)", "peer", {}),
         ("Growth", "growth", {}),
         ("Versus gradcheck and opcheck", "versus", {}),
         ("Time to first failure (default profile)", "first_failure", {}),

@@ -10,9 +10,11 @@ Switched per spec with ``equivalent_to(..., variants=...)``:
   repeats the first slice along one dim).
 - ``"aliasing"``: two arguments the contract does not declare mutated, with the same dtype and
   device, may become one tensor in two slots (same shape only), two overlapping views of one
-  base, or the row and the column of one square base (``base[0]``, ``base[:, 0]``: different
-  elements, one start address, so ``data_ptr()`` cannot tell them apart from one tensor);
-  views keep each argument's shape, so a matrix and its broadcast bias can overlap too.
+  base, or the row and the column of one base (``base[0]``, ``base[:, 0]``: different
+  elements, one start address, so ``data_ptr()`` cannot tell them apart from one tensor;
+  where that base would hold over ~4x the pair's elements, ``base[:n]`` and ``base[::2]``
+  instead); views keep each argument's shape, so a matrix and its broadcast bias can overlap
+  too. No variant builds a storage of more than ~4x the example's elements.
 - ``"aliasing-mutated"``: the same, also for declared mutated arguments (and expanded layouts
   for them: a stride-0 argument overlaps itself).
 - ``"half"``: every float32/float64 tensor argument rounded once to float16 or bfloat16
@@ -229,14 +231,11 @@ def _alias(draw: Any, choice: str, values: dict, pairs: list, mutated: frozenset
         if draw(st.integers(0, 7)) < 7:  # row-column seven times as often as shifted views
             choice = "row-column"
         shift = draw(st.integers(1, x.numel() - 1))
-        if choice == "row-column" and max(x.numel(), y.numel()) <= _ROW_COLUMN_MAX:
+        if choice == "row-column" and _row_column_fits(x.numel(), y.numel()):
             values[a], values[b] = _row_and_column(x, y)
-            n, m = x.numel(), y.numel()
-            row, column = (("base[0]", "base[:, 0]") if n == m
-                           else (f"base[0, :{n}]", f"base[:{m}, 0]"))
-            text = (f"{a} and {b} the row and the column of one base ({a} = {row}, "
-                    f"{b} = {column}: one start address, 1 shared element)")
-        elif choice == "row-column":  # too large for an n x n base: one start, stride 2
+            text = (f"{a} and {b} the row and the column of one base ({a} = base[0], "
+                    f"{b} = base[:, 0]: one start address, 1 shared element)")
+        elif choice == "row-column":  # an m x n base would dwarf the example: one start, stride 2
             values[a], values[b] = _every_other(x, y)
             shared = min((x.numel() + 1) // 2, y.numel())
             text = (f"{a} and {b} start at one address ({a} = base[:n], {b} = base[::2]: "
@@ -251,16 +250,23 @@ def _alias(draw: Any, choice: str, values: dict, pairs: list, mutated: frozenset
     return Variant(text, bool({a, b} & mutated), True)
 
 
+@functools.lru_cache(maxsize=None)
+def _layouts_of(kind: str) -> st.SearchStrategy:
+    """``layouts(kinds=(kind,))``, one strategy per kind: Hypothesis validates a new strategy
+    on its first draw, so a fresh one per example costs that every time."""
+    return layouts(kinds=(kind,))
+
+
 def _layout(draw: Any, choice: str, values: dict, names: list[str], mutated: frozenset,
             kinds: tuple[str, ...]) -> Variant | None:
     """Re-lay out one drawn argument of ``values`` (in place in ``values``)."""
-    lay = draw(layouts(kinds=(choice,)))
+    lay = draw(_layouts_of(choice))
     # an expanded argument overlaps itself: for a mutated one that is aliasing
     usable = [n for n in names if lay.effective(values[n].shape).kind == choice
               and not (choice == "expanded" and n in mutated
                        and "aliasing-mutated" not in kinds)]
     if not usable:  # this shape cannot show the layout: fall back to one that can
-        lay = draw(layouts(kinds=("sliced",)))
+        lay = draw(_layouts_of("sliced"))
         usable = [n for n in names if values[n].numel() > 0]
         if not usable:
             return None
@@ -306,22 +312,34 @@ def _overlapping(x: torch.Tensor, y: torch.Tensor, shift: int) -> tuple[torch.Te
     return base[:n].view(x.shape), base[shift:shift + m].view(y.shape)
 
 
-# the row/column variant's base is n x n: only for arguments of up to this many elements
-# (a base of at most 1M elements; tile-length arguments reach 1024)
+# the row/column variant's base is m x n (n, m: the two arguments' elements): only for
+# arguments of up to this many elements each
 _ROW_COLUMN_MAX = 1024
+# ... and only where that base holds at most this many times the pair's elements (or at most
+# _BASE_FLOOR elements, cheap whatever the pair): a variant costs about what the example costs
+BASE_FACTOR = 4
+_BASE_FLOOR = 1024
+
+
+def _row_column_fits(n: int, m: int) -> bool:
+    """Whether the m x n row/column base of arguments of ``n`` and ``m`` elements is small
+    enough (a 1000-element row and column would need a 1M-element base: the shifted or
+    every-other views show the overlap at the pair's own size)."""
+    return (max(n, m) <= _ROW_COLUMN_MAX
+            and n * m <= max(BASE_FACTOR * (n + m), _BASE_FLOOR))
 
 
 def _row_and_column(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two views of one fresh square base: the first is the start of ``base[0]`` with x's
-    values, the second the start of ``base[:, 0]`` with y's values after its first element,
-    which is shared with x. Both start at the base's first element."""
+    """Two views of one fresh m x n base (n, m: x's and y's elements): the first is ``base[0]``
+    with x's values, the second ``base[:, 0]`` with y's values after its first element, which
+    is shared with x. Both start at the base's first element."""
     n, m = x.numel(), y.numel()
     with torch.no_grad():
-        base = _fresh_base(x, y, (max(n, m),) * 2)
-        base[0, :n] = x.detach().reshape(-1)
-        base[1:m, 0] = y.detach().reshape(-1)[1:]
+        base = _fresh_base(x, y, (m, n))
+        base[0] = x.detach().reshape(-1)
+        base[1:, 0] = y.detach().reshape(-1)[1:]
     base.requires_grad_(x.requires_grad or y.requires_grad)
-    return base[0, :n].view(x.shape), base[:m, 0].view(y.shape)
+    return base[0].view(x.shape), base[:, 0].view(y.shape)
 
 
 def _every_other(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

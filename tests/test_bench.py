@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 MODULES = ("overhead", "growth", "versus", "first_failure", "strategies_bench", "recorder_bench",
            "functions", "modes_bench", "walltime", "rows", "realcode",
-           "failure_memory")
+           "failure_memory", "peer")
 
 
 @pytest.fixture(scope="module")
@@ -161,3 +161,19 @@ def test_realcode_rows_pass_fail_and_flag_unclassified(bench_path, tmp_path):
     assert realcode.classify("batch_norm_eval", [{"check": "gradients"},
                                                  {"check": "error-parity"}]) == "real + false alarm"
     assert realcode.classify("pad", [{"check": "forward"}]) == "unclassified"
+
+
+def test_peer_test_passes_the_cases_and_catches_a_wrong_kernel(bench_path):
+    """The hand-written test bench/peer.py times is a real test: it passes the three kernels
+    and fails a relu_ that clamps at the wrong bound."""
+    import dataclasses
+
+    overhead, peer = importlib.import_module("overhead"), importlib.import_module("peer")
+    for case in overhead.CASES:
+        peer.peer_test(case, overhead._inputs(case.arity, (2, 10)), 3)()
+    wrong = dataclasses.replace(overhead.CASES[0], call=lambda x: x.clamp_(min=0.5))
+    with pytest.raises(AssertionError):
+        peer.peer_test(wrong, overhead._inputs(1, (2, 10)), 10)()
+    table = peer.bench(examples=2, sizes=(1000,), rounds=1)
+    for case in overhead.CASES:
+        assert f"| {case.label} | 1,000 | " in table

@@ -381,3 +381,25 @@ def test_a_crashed_xdist_worker_item_is_an_error_row(tmp_path):
         assert "crashed while running" in rows[name]["reason"]
         assert f"test_probe.py::{name}[eager-cpu]" in rows[name]["reason"]
         assert rows[name]["mode"] == "eager" and rows[name]["device"] == "cpu"
+
+
+def test_a_default_device_set_by_user_code_is_restored():
+    """``torch.set_default_device`` in user code is undone after the call; a device context
+    the caller entered is kept (the cheap default-device test sees both)."""
+    import torch
+
+    from equiv.execution.calls import isolated
+
+    try:
+        with isolated():
+            torch.set_default_device("meta")
+        assert torch.get_default_device() == torch.device("cpu")
+        assert torch.empty(1).device.type == "cpu"
+        torch.set_default_device(None)
+        with torch.device("meta"):
+            with isolated():
+                assert torch.empty(1).device.type == "meta"
+            assert torch.empty(1).device.type == "meta"
+    finally:
+        torch.set_default_device(None)
+    assert torch.empty(1).device.type == "cpu"

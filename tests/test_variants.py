@@ -435,3 +435,68 @@ def test_variants_never_touch_the_users_tensors():
     passes(add_scaled_)
     assert torch.equal(x, before[0]) and torch.equal(y, before[1])
     assert (x._version, y._version) == before[2:]
+
+
+def _rms_ref(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def test_no_variant_builds_a_storage_past_four_times_the_example(monkeypatch):
+    """A (1, 1000) matrix and its (1000,) weight as the row and the column of one base would
+    live in a 1000 x 1000 storage: 500x the example. Every executed example's storages stay
+    within ~4x its elements, and the two still overlap with one start address."""
+    import math
+
+    import hypothesis.strategies as st
+
+    import equiv.run as runner
+    from equiv.strategies import tensors
+
+    seen = []
+    real = runner.execute_example
+
+    def spy(*args, **options):
+        outcome = real(*args, **options)
+        if outcome.template is not None:
+            seen.append(outcome.template)
+        return outcome
+
+    monkeypatch.setattr(runner, "execute_example", spy)
+    inputs = st.tuples(tensors(shape=(1, 1000), requires_grad=True),
+                       tensors(shape=(1000,), requires_grad=True, salt=1))
+
+    @equivalent_to(_rms_ref, inputs=inputs, name="variants.rms_bounded")
+    def rms(x, w):
+        return torch.rms_norm(x, (1000,), w, 1e-6)
+
+    report = equiv.check(rms, settings=equiv.settings(
+        seed=0, max_examples=30, modes=("eager",),
+        hypothesis_settings=hypothesis.settings(database=None)), raise_on_failure=False)
+    assert report.ok, report.render()
+    one_start = 0
+    for t in seen:
+        elements = sum(math.prod(s.size) for s in t.slots)
+        stored = sum(g.values.numel() for g in t.groups)
+        assert stored <= 4 * elements + 16, (stored, elements, t.describe("rms"))
+        shared = [g for g in t.groups if len(g.slots) == 2]
+        one_start += any(t.slots[g.slots[0]].offset == t.slots[g.slots[1]].offset
+                         for g in shared)
+    assert one_start >= 3, f"{one_start} of {len(seen)} examples overlap x and w at one address"
+
+
+@hypothesis.settings(max_examples=10, database=None)
+@hypothesis.given(hypothesis.strategies.data())
+def test_row_and_column_views_only_where_the_base_stays_small(data):
+    """Row-and-column views of two 3-element arguments (a 3 x 3 base); of two 1000-element
+    ones, the one-start-address views in a 2000-element base instead of a 1000 x 1000 one."""
+    from equiv.variants import _alias
+
+    small = {"x": torch.randn(3), "y": torch.randn(3)}
+    variant = _alias(data.draw, "row-column", small, [("x", "y")], frozenset())
+    if "row and the column" in variant.description:
+        assert small["y"].untyped_storage().nbytes() == 4 * 9
+    big = {"x": torch.randn(1000), "y": torch.randn(1000)}
+    variant = _alias(data.draw, "row-column", big, [("x", "y")], frozenset())
+    assert big["y"].untyped_storage().nbytes() <= 4 * 4 * 2000, variant.description
+    if "base[::2]" in variant.description:
+        assert big["x"].data_ptr() == big["y"].data_ptr()

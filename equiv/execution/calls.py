@@ -70,6 +70,18 @@ def _restore_process(saved: dict[str, Any]) -> None:
             setattr(module, name, original)
 
 
+_CPU = torch.device("cpu")
+
+
+def _default_device() -> torch.device:
+    """``torch.get_default_device()``, without its cost (~20 us, twice per user call) in the
+    common case: no torch function mode entered and no default device set means CPU."""
+    if (torch._C._len_torch_function_stack() == 0
+            and getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None) is None):
+        return _CPU
+    return torch.get_default_device()
+
+
 def _global_state(config: bool) -> dict[str, Any]:
     state: dict[str, Any] = {
         "process": _process_state(),
@@ -79,7 +91,7 @@ def _global_state(config: bool) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "anomaly": (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
         "grad": torch.is_grad_enabled(),
-        "device": torch.get_default_device(),
+        "device": _default_device(),
     }
     dynamo = sys.modules.get("torch._dynamo.config") if config else None
     if dynamo is not None:
@@ -100,7 +112,7 @@ def _restore(saved: dict[str, Any]) -> None:
     if (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) != saved["anomaly"]:
         torch.set_anomaly_enabled(*saved["anomaly"])
     torch.set_grad_enabled(saved["grad"])
-    if torch.get_default_device() != saved["device"]:
+    if _default_device() != saved["device"]:
         torch.set_default_device(saved["device"])
     config = sys.modules.get("torch._dynamo.config")
     if config is not None and "dynamo" in saved:
