@@ -70,7 +70,8 @@ def _repeat(ex: Any, sink: Sink) -> None:
     for i, (name, a, e) in enumerate(zip(names, b2.grads, ref2)):
         m = ex.judge(name, a, e, kind="gradients", group=pairing.groups[i], cotangent=2,
                      oracle=lambda i=i: None if oracle(2) is None else oracle(2)[i],
-                     baseline=lambda i=i: None if baseline(2) is None else baseline(2)[i])
+                     baseline=lambda i=i: None if baseline(2) is None else baseline(2)[i],
+                     rounding=lambda i=i: ex.gradient_spread(2, i))
         if m is not None:
             again = _first_again(ex, i, name)
             sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "
