@@ -83,8 +83,6 @@ FALSE_ALARMS: dict[str, dict[str, str]] = {
                              "differences where the float32 result overflows"},
     "std": {"gradients": "kink (all values equal, expanded layout): ATen 0, _refs NaN"},
     "vector_norm_ord3": {"gradients": "kink (all zeros, expanded layout): ATen 0, _refs NaN"},
-    "native_layer_norm": {"gradients": "cancellation x - mean over one element, times rstd",
-                          "repeated-backward": "cancellation x - mean over one element"},
     "batch_norm_eval": {"error-parity": "aliasing variant: running_mean made the same tensor "
                                         "as the grad-requiring weight"},
     "bce_with_logits": {"error-parity": "aliasing variant: constant weight aliased with x"},
