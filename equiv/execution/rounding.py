@@ -1,6 +1,7 @@
-"""The forward's term-magnitude floor: how far rounding of the reference's intermediates can move
-each output, estimated by running the reference in float64 with every arithmetic op's result
-perturbed by a random relative error of the compute precision's size (Monte Carlo arithmetic).
+"""The term-magnitude floor of outputs and gradients: how far rounding of the reference's
+intermediates can move each output (or each gradient of its VJP, the backward's ops perturbed
+too), estimated by running the reference in float64 with every arithmetic op's result perturbed
+by a random relative error of the compute precision's size (Monte Carlo arithmetic).
 
 A correct kernel that computes ``x - mean(x)`` with ``|x| >> |x - mean|`` keeps the rounding of
 ``x`` and of the mean, although the result is small: ``|oracle|`` understates the size of the
