@@ -85,8 +85,6 @@ FALSE_ALARMS: dict[str, dict[str, str]] = {
     "var_correction2": {"gradients": "finite differences: NaN against NaN"},
     "cumprod": {"gradients": "finite differences: error estimate too tight; float64 finite "
                              "differences where the float32 result overflows"},
-    "native_layer_norm": {"gradients": "cancellation x - mean over one element, times rstd",
-                          "repeated-backward": "cancellation x - mean over one element"},
     "batch_norm_eval": {"error-parity": "aliasing variant: running_mean made the same tensor "
                                         "as the grad-requiring weight"},
     "bce_with_logits": {"error-parity": "aliasing variant: constant weight aliased with x"},

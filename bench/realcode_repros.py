@@ -156,13 +156,22 @@ def kink_all_equal() -> None:
 
 def layer_norm_one_element() -> None:
     """layer_norm over one element: x - mean is one float32 rounding, times rstd = 1/sqrt(eps)
-    ~ 316; ATen's grad w.r.t. weight is that rounding, the decomposition's exactly 0."""
-    x = torch.tensor([[3.1]]); w = torch.ones(1, requires_grad=True)
+    ~ 316; ATen's gradients are that rounding, the decomposition's (float32 and float64) and
+    ATen's in float64 are 0 up to float64 rounding."""
     ln = _decomp.decomposition_table[aten.native_layer_norm.default]
-    aten_gw = torch.autograd.grad(F.layer_norm(x, (1,), w).sum(), w)[0].item()
-    ref_gw = torch.autograd.grad(ln(x, (1,), w, None, 1e-5)[0].sum(), w)[0].item()
-    print(f"grad w: ATen {aten_gw:.3g}, decomposition {ref_gw:.3g}; "
-          f"1 ulp of x times rstd = {torch.finfo(torch.float32).eps * 3.1 * 316:.3g}")
+    fns = {"ATen": lambda x, w, b: F.layer_norm(x, (1,), w, b),
+           "decomposition": lambda x, w, b: ln(x, (1,), w, b, 1e-5)[0]}
+    for xv, wv, cot, wrt in ((3.0819921493530273, 0.5, 1.0, 1), (0.5, 3.0819921493530273, 0.7, 0)):
+        for name, fn in fns.items():
+            got = []
+            for dtype in (torch.float32, torch.float64):
+                x, w, b = (torch.tensor(v, dtype=dtype, requires_grad=True)
+                           for v in ([[xv]], [wv], [0.5]))
+                y = fn(x, w, b)
+                got.append(torch.autograd.grad(y, (x, w)[wrt], torch.full_like(y, cot))[0].item())
+            print(f"x={xv:.4g} w={wv:.4g} cotangent {cot}: grad {'xw'[wrt]} {name:13s} "
+                  f"float32 {got[0]:.3g}, float64 {got[1]:.3g}")
+    print(f"1 float32 ulp of x=3.08 times rstd: {torch.finfo(torch.float32).eps * 3.08 * 316:.3g}")
 
 
 ALL = (group_norm_stride0_weight, group_norm_one_value_per_group,

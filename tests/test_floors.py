@@ -1,4 +1,5 @@
-"""Floors and suspects: the forward's term-magnitude floor (rounding of cancelling terms passes),
+"""Floors and suspects: the forward's and the gradients' term-magnitude floor (rounding of
+cancelling terms passes),
 half-precision outputs judged by the baseline rule with a floor in ULPs, and findings that name
 the reference as the suspect when it returns other values for equal inputs or depends on its
 arguments' layout."""
@@ -94,6 +95,143 @@ def test_the_rounding_spread_sees_the_terms_a_group_of_one_cancels():
     assert (spread > 1000.0 * 316 * eps32 * 0.1).all()  # the size of x * rsqrt(eps) * eps
     copy = lambda: {"y": x.clone()}  # noqa: E731
     assert float(rounding_spread(copy, copy(), seed=0)["y"].max()) == 0.0
+
+
+# -- gradient cancellation at float32 rounding -----------------------------------------------
+_LN_DECOMP = torch._decomp.decomposition_table[torch.ops.aten.native_layer_norm.default]
+
+
+def _decomp_layer_norm(x, w, b):
+    return _LN_DECOMP(x, x.shape[-1:], w, b, 1e-5)[0]
+
+
+def _aten_layer_norm(x, w, b):
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], w, b)
+
+
+class _LayerNorm(torch.autograd.Function):
+    """layer_norm with an explicit backward; ``bug``: ``"w*1.01"`` (the weight's gradient 1%
+    off), ``"unbiased"`` (the backward recomputes rstd from the unbiased variance) or
+    ``"no mean"`` (the input's gradient drops the mean of ``g * w``)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, bug):
+        mean = x.mean(-1, keepdim=True)
+        rstd = torch.rsqrt(x.var(-1, keepdim=True, correction=0) + 1e-5)
+        ctx.save_for_backward(x, w)
+        ctx.bug = bug
+        return (x - mean) * rstd * w + b
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        var = x.var(-1, keepdim=True, correction=1 if ctx.bug == "unbiased" else 0)
+        rstd = torch.rsqrt(var + 1e-5)
+        xhat = (x - x.mean(-1, keepdim=True)) * rstd
+        gw = (g * xhat).sum(0) * (1.01 if ctx.bug == "w*1.01" else 1.0)
+        gxhat = g * w
+        centred = gxhat if ctx.bug == "no mean" else gxhat - gxhat.mean(-1, keepdim=True)
+        gx = rstd * (centred - xhat * (gxhat * xhat).mean(-1, keepdim=True))
+        return gx, gw, g.sum(0), None
+
+
+#: one-element rows where ATen's float32 backward rounds ``x - mean`` (|x| ~ 3) and multiplies
+#: it by rstd = 1/sqrt(eps): grad w -2.7e-05 for cotangent 1 where float64 gives 0
+_ONE_ELEMENT = st.sampled_from([(3.0819921493530273, 0.5), (0.5, 3.0819921493530273)]).map(
+    lambda xw: (torch.tensor([[xw[0]]], requires_grad=True),
+                torch.tensor([xw[1]], requires_grad=True), torch.tensor([0.5], requires_grad=True)))
+
+
+def _rows(width: int, offset: float = 0.0):
+    """(x, w, b): 8 rows of ``width`` values around ``offset``, a weight and a bias."""
+    def build(seed: int) -> tuple[torch.Tensor, ...]:
+        g = torch.Generator().manual_seed(seed)
+        x = (offset + torch.randn(8, width, generator=g, dtype=F64)).float()
+        return tuple(t.requires_grad_() for t in (x, torch.randn(width, generator=g),
+                                                  torch.randn(width, generator=g)))
+
+    return st.builds(build, st.integers(0, 2 ** 20))
+
+
+def _grad_checks(spec, n: int = 10):
+    return check(spec, settings=_cfg(n=n), checks=("gradients", "repeated-backward"),
+                 raise_on_failure=False)
+
+
+def test_a_perturbed_vjp_rounds_the_backwards_own_ops():
+    """The backward runs under the perturbing mode: a Function exact in its forward (a clone)
+    whose backward multiplies has a spread; its forward alone perturbed leaves the VJP exact."""
+    class Triple(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3.0
+
+    x = torch.full((4,), 1.5, dtype=F64, requires_grad=True)
+
+    def vjp():
+        return {"x": torch.autograd.grad(Triple.apply(x), x, torch.ones(4, dtype=F64))[0]}
+
+    spread = rounding_spread(vjp, vjp(), seed=0)["x"]
+    eps32 = torch.finfo(torch.float32).eps
+    assert (spread > 0.1 * 3.0 * eps32).all() and (spread < 3.0 * eps32).all()
+    y = Triple.apply(x)  # the forward with no arithmetic: nothing to perturb
+    assert rounding_spread(lambda: {"y": Triple.apply(x)}, {"y": y}, seed=0)["y"].max() == 0
+
+
+def test_the_gradient_spread_sees_the_cancellation_of_a_layer_norm_over_one_element():
+    """``x - mean`` over one element is exactly 0 in float64, and its rounding at float32's
+    precision times rstd = 1/sqrt(eps) moves grad w by ~eps * |x| * 316; both ATen's layer_norm
+    (its fused backward decomposed) and the decomposition have that spread."""
+    x = torch.tensor([[3.0819921493530273]], dtype=F64, requires_grad=True)
+    w, b = (torch.tensor([0.5], dtype=F64, requires_grad=True) for _ in range(2))
+    eps32 = torch.finfo(torch.float32).eps
+    for fn in (_decomp_layer_norm, _aten_layer_norm):
+        def vjp(fn=fn):
+            y = fn(x, w, b)
+            return dict(zip("xwb", torch.autograd.grad(y, (x, w, b), torch.ones_like(y))))
+
+        spread = rounding_spread(vjp, vjp(), seed=0)
+        assert float(spread["w"]) > 0.1 * eps32 * 3.08 * 316, (fn, spread)
+    noisy = lambda: {"y": x.detach() * (1 + 1e-6 * torch.rand(1, dtype=F64))}  # noqa: E731
+    assert rounding_spread(noisy, noisy(), seed=0) == {}  # not repeatable: no spread
+
+
+def test_a_layer_norm_over_one_element_passes_its_gradients_at_float32_rounding():
+    """ATen's layer_norm against torch's own decomposition: grad w -2.7e-05 (float64: 0, the
+    decomposition in float32: exactly 0) is the rounding of ``x - mean`` times rstd, within
+    the rounding spread of the decomposition's VJP."""
+    spec = equivalent_to(_decomp_layer_norm, inputs=_ONE_ELEMENT)(_aten_layer_norm)
+    for checks in (("gradients",), ("repeated-backward",)):  # cotangent 1, then 2
+        report = check(spec, settings=_cfg(n=10), checks=checks, raise_on_failure=False)
+        assert report.ok, report.render()
+
+
+def test_a_layer_norm_backward_off_by_a_real_amount_still_fails():
+    """The weight's gradient 1% off at ordinary sizes, the unbiased variance in the backward
+    over rows of two around 1000 (cancelling), and the input's gradient without the mean term
+    over one element (exactly 0 in float64; ~316 |g w| here): far beyond the spread."""
+    cases = [("w*1.01", _rows(6), "w"), ("unbiased", _rows(2, 1000.0), "x"),
+             ("no mean", _ONE_ELEMENT, "x")]
+    for bug, inputs, arg in cases:
+        spec = equivalent_to(_decomp_layer_norm, inputs=inputs)(
+            lambda x, w, b, bug=bug: _LayerNorm.apply(x, w, b, bug))
+        report = _grad_checks(spec)
+        assert not report.ok, bug
+        f = report.findings[0]
+        assert f.check == "gradients", (bug, report.render())
+        assert f.headline == f"gradient w.r.t. {arg!r} differs from the reference on backward #1."
+        assert "vs float64" in f.details
+
+
+def test_a_correct_explicit_layer_norm_backward_passes():
+    spec = equivalent_to(_decomp_layer_norm, inputs=_rows(6))(
+        lambda x, w, b: _LayerNorm.apply(x, w, b, None))
+    report = _grad_checks(spec)
+    assert report.ok, report.render()
 
 
 # -- low-precision forwards ------------------------------------------------------------------

@@ -85,7 +85,8 @@ def _first_backward(ex: Any, sink: Sink) -> None:
         name = ex.template.group_name(g)
         m = ex.judge(name, a, e, kind="gradients", group=g, cotangent=1,
                      oracle=lambda i=i: _at(ex.oracle_grads(1), i),
-                     baseline=lambda i=i: _at(ex.baseline_grads(1), i))
+                     baseline=lambda i=i: _at(ex.baseline_grads(1), i),
+                     rounding=lambda i=i: ex.gradient_spread(1, i))
         if m is not None and not forward_differs:
             choice = subgradient_choice(ex, name, i, a, e, m, 1)
             if choice is not None:

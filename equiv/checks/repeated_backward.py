@@ -71,7 +71,8 @@ def _repeat(ex: Any, sink: Sink) -> None:
     for i, (name, a, e) in enumerate(zip(names, b2.grads, ref2)):
         m = ex.judge(name, a, e, kind="gradients", group=pairing.groups[i], cotangent=2,
                      oracle=lambda i=i: None if oracle(2) is None else oracle(2)[i],
-                     baseline=lambda i=i: None if baseline(2) is None else baseline(2)[i])
+                     baseline=lambda i=i: None if baseline(2) is None else baseline(2)[i],
+                     rounding=lambda i=i: ex.gradient_spread(2, i))
         choice = None if m is None else subgradient_choice(ex, name, i, a, e, m, 2)
         if choice is not None:
             sink.note(f"backward #2: {choice}")

@@ -53,7 +53,7 @@ def subgradient_choice(ex: Any, name: str, i: int, actual: torch.Tensor, expecte
             v[index] = actual.detach()[index].to(v.dtype)
         e, o, b = values[0], values[1], values[2] if len(values) > 2 else None
         m = ex.judge(name, actual, e, kind="gradients", group=group, cotangent=n,
-                     oracle=o, baseline=b)
+                     oracle=o, baseline=b, rounding=lambda: ex.gradient_spread(n, i))
         if m is None:
             return (f"gradient w.r.t. {name!r}: at {', '.join(seen)} the reference is not "
                     "differentiable (or its autograd value there is not its derivative) and "

@@ -640,8 +640,9 @@ class Execution:
         of the terms when ``cotangent`` names the cotangent the gradient was taken for: 1 or
         2, the record's, or a callable returning a rerun's oracle (:meth:`rerun_oracle`);
         under the record's expanded, constant cotangent also at the size the gradient has
-        for a random one); ``rounding``: a lazy :meth:`rounding_spread` for a value of the
-        record's own example (the forward's term-magnitude floor); ``precision``: the value is
+        for a random one); ``rounding``: a lazy :meth:`rounding_spread` (an output) or
+        :meth:`gradient_spread` (a gradient) for a value of the record's own example (the
+        term-magnitude floor); ``precision``: the value is
         judged for precision (the forward check: float16/bfloat16 by the rule in ULPs)."""
         terms = 1.0 if group is None else summed_terms(self.template, group)
         magnitude = self._magnitude(cotangent, group, terms)
@@ -761,6 +762,28 @@ class Execution:
             self.cache["rounding"] = {} if run.why is not None or dtype != torch.float64 \
                 else rounding_spread(again, run.values, self.cot_seed)
         return self.cache["rounding"].get(name)
+
+    def gradient_spread(self, n: int, i: int) -> torch.Tensor | None:
+        """How far rounding the reference's intermediates, forward and backward, at float32's
+        precision moves its gradient w.r.t. pairing group ``i`` for cotangent ``n`` (1 or 2):
+        :func:`~equiv.execution.rounding.rounding_spread` over the float64 VJP on fresh copies
+        of the example (four reference calls and backwards per cotangent, cached, only for a
+        gradient the rule rejects without it). None when unknown."""
+        key = f"grad-rounding-{n}"
+        if key not in self.cache:
+            oracle, device = self.oracle_grads(n), self.place.ref_device or self.place.device
+            dtype = oracle_dtype(torch.float32, device)
+
+            def again() -> dict[str, Any] | None:
+                rerun = reference_run(self.spec, self.ref_fn,
+                                      self.template.instantiate(device=device, dtype=dtype))
+                grads = None if rerun.why is not None else self._run_grads(rerun, n)
+                return None if grads is None else {str(j): g for j, g in enumerate(grads)}
+
+            self.cache[key] = {} if oracle is None or dtype != torch.float64 else \
+                rounding_spread(again, {str(j): g for j, g in enumerate(oracle)},
+                                self.cot_seed + n)
+        return self.cache[key].get(str(i))
 
     def oracle_why(self) -> str | None:
         """Why the oracle cannot be used (the reference raised in float64), else None."""
