@@ -189,6 +189,42 @@ def test_a_nan_gradient_where_the_reference_is_finite_fails():
         report.findings[0].details
 
 
+_OVERFLOWING = st.tuples(st.just(torch.arange(1.0, 41.0, requires_grad=True)))  # 40! > 3e38
+
+
+def test_a_gradient_overflowing_where_the_reference_overflows_in_the_dtype_is_not_judged():
+    """float32 cumprod of 1..40 overflows on both sides; float64 finite differences are finite.
+    The inf/NaN gradient is the dtype's overflow, not a wrong backward: not compared, said."""
+    @equivalent_to(_numpy(lambda a: np.cumprod(a, -1)), inputs=_OVERFLOWING)
+    def cumprod(x):
+        return torch.cumprod(x, -1)
+
+    report = check(cumprod, settings=FAST, raise_on_failure=False)
+    assert report.ok, report.findings[:1]
+    assert any("overflow there" in n for n in report.notes), report.notes
+
+
+def test_an_inf_gradient_where_the_reference_is_finite_in_the_dtype_still_fails():
+    class InfBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return torch.cumprod(x, -1)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * float("inf")
+
+    @equivalent_to(_numpy(lambda a: np.cumprod(a, -1)),
+                   inputs=st.just((torch.arange(1.0, 5.0, requires_grad=True),)))
+    def cumprod(x):
+        return InfBackward.apply(x)
+
+    report = check(cumprod, settings=FAST, raise_on_failure=False)
+    assert not report.ok and report.findings[0].check == "gradients"
+    assert "inf/NaN at 4 element(s) where the reference's outputs are finite" in \
+        report.findings[0].details
+
+
 def test_finite_differences_say_the_second_backwards_were_not_compared():
     """Both kinds of reference finite differences judge (no autograd history; a backward that
     raises) name the second backward and the double backward as not compared."""

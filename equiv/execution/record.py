@@ -818,13 +818,18 @@ class Execution:
         terms = fd_terms(self.template, plan, self.impl_side, cots)
         try:
             with isolated():
-                return fd_check(fn, plan, cots, grads, plan.impl_values[0].dtype,
-                                self.cot_seed, terms), None
+                fd = fd_check(fn, plan, cots, grads, plan.impl_values[0].dtype,
+                              self.cot_seed, terms)
         except BaseException as e:  # the reference raised in float64: no finite differences
             if not user_error(e):
                 raise
             return None, (f"finite differences failed (the reference raised "
                           f"{type(e).__name__} in float64: {error_text(e)[:120]})")
+        if fd.nonfinite < 0 and _overflows(ref_values):
+            return None, ("the implementation's gradient is inf/NaN where the reference's "
+                          "float64 outputs are finite, but the reference's own outputs at the "
+                          "implementation's dtype are inf/NaN too (they overflow there)")
+        return fd, None
 
     def measure(self, which: str) -> Any:
         """Peak and retained bytes of one side over forward + backward on a fresh copy
@@ -1166,6 +1171,12 @@ def cotangent_written(ex: Execution, b: Backward, n: int) -> list[tuple[str, str
                         "do not write into grad_output in backward; use out-of-place ops "
                         "(grad_output * x, not grad_output.mul_(x))."))
     return out
+
+
+def _overflows(values: dict[str, Any]) -> bool:
+    """Some floating value holds inf or NaN."""
+    return any(isinstance(v, torch.Tensor) and v.dtype.is_floating_point
+               and not bool(torch.isfinite(v.detach()).all()) for v in values.values())
 
 
 def _kink_site(ex: Execution, group: Any, m: Any) -> tuple[int, list[int], str] | None:
