@@ -903,9 +903,9 @@ class Execution:
             shuffled = k % 2 == 0
             # the new values are only read, except by ``.data =``, which hands the side their
             # storage: the example's own values come as read-only views where they can
-            fresh = None if how == ".data =" else ()
+            copied = None if how == ".data =" else ()
             try:
-                _update(side, self.side(shuffled=shuffled, grad=False, fresh=fresh), how)
+                _update(side, self.side(shuffled=shuffled, grad=False, fresh=copied), how)
             except RuntimeError:  # an expanded (self-overlapping) argument cannot be written
                 return
             before = side.versions()
