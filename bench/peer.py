@@ -14,7 +14,11 @@ scaled custom ``torch.autograd.Function``; x of shape (n/1000, 1000), w of shape
 Interleaved rounds (the order rotates), medians of the per-round ratios.
 ``--profile`` adds, per row, where check()'s time goes (cProfile, self time by area).
 
+``--traffic`` adds, per row, the elements check() runs through copy and comparison ops (a
+count, not a time: the same on a loaded machine as on a quiet one).
+
     python bench/peer.py [--examples 40] [--sizes 1000,1000000] [--rounds 5] [--profile]
+                         [--traffic]
 """
 
 from __future__ import annotations
@@ -108,6 +112,34 @@ def profile(fn, n: int) -> str:
     return "\n".join(text)
 
 
+#: the ATen copy and comparison ops :func:`traffic` counts
+_TRAFFIC_OPS = ("clone", "copy_", "_to_copy", "flip", "equal", "eq", "ne", "isnan", "any", "all",
+                "bitwise_and", "bitwise_or", "bitwise_not")
+
+
+def traffic(fn, n: int) -> str:
+    """The elements one check() runs through copy and comparison ops (first tensor argument
+    of each call), by op: ``clone 204 calls 257.0M``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: collections.Counter = collections.Counter()
+    elements: collections.Counter = collections.Counter()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            t = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if name in _TRAFFIC_OPS and t is not None:
+                calls[name] += 1
+                elements[name] += t.numel()
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        overhead.check_time(fn, n)
+    parts = [f"{k} {calls[k]} calls {elements[k] / 1e6:.1f}M" for k in sorted(elements)]
+    return f"all {sum(elements.values()) / 1e6:.1f}M elements: " + ", ".join(parts)
+
+
 def measure(case: Case, numel: int, n: int, rounds: int) -> dict:
     """Interleaved rounds of check(), the peer test and the executed raw on ``case``."""
     strategy = overhead._inputs(case.arity, shape_of(numel))
@@ -134,7 +166,7 @@ def measure(case: Case, numel: int, n: int, rounds: int) -> dict:
 
 
 def bench(examples: int = 40, sizes: tuple[int, ...] = (1000, 1_000_000), rounds: int = 5,
-          profiled: bool = False) -> str:
+          profiled: bool = False, counted: bool = False) -> str:
     """The peer table (markdown) for every case at every size."""
     rows = [f"{rounds} interleaved rounds per row (order rotating), eager, default checks; x "
             "(n/1000, 1000), w (1000,); peer = the hand-written Hypothesis test (same strategy "
@@ -153,6 +185,9 @@ def bench(examples: int = 40, sizes: tuple[int, ...] = (1000, 1_000_000), rounds
                         f"{m['equiv']:.3f} | {m['peer']:.3f} | {m['raw']:.3f} | "
                         f"{m['equiv/peer']:.1f}x | {m['equiv/raw']:.1f}x | "
                         f"{m['peer/raw']:.1f}x |")
+            if counted:
+                profiles.append(f"copy and comparison traffic, {case.label}, {numel:,} "
+                                f"elements: {traffic(m['fn'], n)}\n")
             if profiled:
                 profiles.append(f"### {case.label}, {numel:,} elements\n\n"
                                 + profile(m["fn"], n))
@@ -167,9 +202,11 @@ def main(argv=None) -> str:
     p.add_argument("--sizes", default="1000,1000000")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--profile", action="store_true", help="where check()'s time goes, per row")
+    p.add_argument("--traffic", action="store_true",
+                   help="elements through copy and comparison ops, per row")
     args = p.parse_args(argv)
     return bench(args.examples, tuple(int(s) for s in args.sizes.split(",")), args.rounds,
-                 args.profile)
+                 args.profile, args.traffic)
 
 
 if __name__ == "__main__":

@@ -144,7 +144,7 @@ class Template:
     # -- building sides -------------------------------------------------------------------
     def instantiate(self, *, grad: bool = True, device: torch.device | str | None = None,
                     dtype: torch.dtype | None = None, shuffled: bool = False,
-                    fresh: Iterable[int] | None = None) -> "Side":
+                    fresh: Iterable[int] | None = None, leaves_written: bool = False) -> "Side":
         """Fresh tensors with this example's structure (leaves for gradients when ``grad``).
 
         ``shuffled`` reverses each storage's values: same structure and value set, other values.
@@ -152,6 +152,10 @@ class Template:
         complex ones to the complex dtype of that precision (complex128 for float64).
         ``fresh``: the indices of the groups that get new storage; the others are read-only
         views of the example's stored values (nothing may write to them), which costs no copy.
+        A mutated group's gradient leaf is such a view whenever its values are the stored ones:
+        the call is handed a copy of it (``Side.tensors``), and nothing writes to the leaf;
+        ``leaves_written``: the caller writes the leaves (an optimizer step), each gets its own
+        storage.
         """
         leaves: list[torch.Tensor | None] = []
         group_args: list[torch.Tensor] = []
@@ -168,6 +172,8 @@ class Template:
                 leaf = values.as_strided(s.size, s.stride, 0)
                 if shuffled:
                     leaf = leaf.flip(tuple(range(leaf.dim()))).requires_grad_(rg)
+                elif rg and g.mutated and not leaves_written:  # the call gets ``work``, a copy
+                    leaf = leaf.detach().requires_grad_()
                 else:
                     leaf = leaf if view else leaf.clone().requires_grad_(rg)
                 work = leaf.clone() if (rg and g.mutated) else leaf
@@ -176,7 +182,11 @@ class Template:
                     values = values.flip(0)
                 # a converted or reversed storage is already new: no second copy
                 owned = values is not g.values
-                leaf = values if view else (values if owned else values.clone()).requires_grad_(rg)
+                if rg and g.mutated and not owned and not leaves_written:  # as above
+                    leaf = values.detach().requires_grad_()
+                else:
+                    leaf = values if view else (values if owned else values.clone()
+                                                ).requires_grad_(rg)
                 work = leaf.clone() if (rg and g.mutated) else leaf
             leaves.append(leaf if rg else None)
             group_args.append(work)

@@ -177,3 +177,18 @@ def test_peer_test_passes_the_cases_and_catches_a_wrong_kernel(bench_path):
     table = peer.bench(examples=2, sizes=(1000,), rounds=1)
     for case in overhead.CASES:
         assert f"| {case.label} | 1,000 | " in table
+
+
+def test_peer_traffic_counts_the_copies_and_comparisons_of_a_check(bench_path):
+    """``--traffic``: the elements check() copies and compares, by op (every side is a copy of
+    the drawn values; the mutation and purity checks compare them)."""
+    import re
+
+    overhead, peer = importlib.import_module("overhead"), importlib.import_module("peer")
+    case = overhead.CASES[0]
+    fn = overhead.equivalent_to(case.ref, mutates=case.mutates, name="bench.peer.traffic",
+                                inputs=overhead._inputs(1, (2, 10)))(case.impl)
+    line = peer.traffic(fn, 2)
+    for op in ("clone", "equal"):
+        assert re.search(rf"\b{op} [1-9]\d* calls \d+\.\dM", line), line
+    assert line.startswith("all ")

@@ -334,3 +334,80 @@ def test_judge_run_copies_only_the_mutated_arguments():
     finally:
         Template.instantiate = real
     assert copies == [{0}]
+
+
+def test_a_mutated_arguments_gradient_leaf_views_the_drawn_values():
+    """A mutated argument's leaf is only read (the call gets a copy of it): it views the
+    drawn values instead of copying them, the call writes its own copy, and the gradient of
+    the original input still reaches the leaf; the drawn values never change."""
+    @equivalent_to(lambda x, w: (x * w).relu(), mutates={"x": "out"})
+    def mul_relu_(x, w):
+        return x.mul_(w).clamp_(min=0)
+
+    x, w = torch.randn(2, 6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    xt = torch.randn(3, 6, dtype=torch.float64)[1:]  # a view into a larger storage (not simple)
+    for arg in (x, xt):
+        ex = execution(mul_relu_, arg.requires_grad_(), w.requires_grad_())
+        drawn = [g.values.clone() for g in ex.template.groups]
+        side = ex.template.instantiate()
+        x_group, w_group = ex.template.groups
+        leaf, passed = side.leaves[0], side.tensors[0]
+        assert leaf.untyped_storage().data_ptr() == x_group.values.untyped_storage().data_ptr()
+        assert passed.untyped_storage().data_ptr() != x_group.values.untyped_storage().data_ptr()
+        assert side.leaves[1].data_ptr() != w_group.values.data_ptr()  # not mutated: a copy
+        out = side.call(ex.impl_fn)
+        grad, = torch.autograd.grad(out.sum(), leaf)
+        assert grad.shape == leaf.shape and not torch.equal(grad, torch.zeros_like(grad))
+        for g, before in zip(ex.template.groups, drawn):
+            assert torch.equal(g.values, before)
+
+
+def test_the_unshuffled_update_reads_views_of_the_drawn_values():
+    """state-across-calls writes new values into the side's tensors: the example's own values
+    are read from views (no copy), only ``.data =`` (which hands over the storage) copies."""
+    fresh = []
+    real = Template.instantiate
+
+    def spy(self, **options):
+        fresh.append((options.get("shuffled", False), options.get("fresh")))
+        return real(self, **options)
+
+    @equivalent_to(lambda x: x * 2, mutates={"x": "out"})
+    def double_(x):
+        return x.mul_(2)
+
+    ex = execution(double_, torch.randn(4, dtype=torch.float64, requires_grad=True))
+    ex.shuffled_call()
+    Template.instantiate = spy
+    steps = []
+    try:
+        for s in ex.calls_across_updates():  # judged before the next update overwrites it
+            steps.append(s.how)
+            assert judge_run(ex, s.run, s.expected, s.finals, shuffled=s.shuffled) == []
+    finally:
+        Template.instantiate = real
+    assert steps == list(UPDATE_PATHS)
+    assert [f for f in fresh if f[1] != {0}] == [(False, None), (True, ()), (False, ()),
+                                                 (True, None)]  # less judge_run's targets
+
+
+def test_an_optimizer_step_on_a_mutated_parameter_leaves_the_drawn_values_alone():
+    """A schedule's SGD step writes the gradient leaves: a mutated parameter's leaf then gets
+    its own storage (a view of the drawn values would write them), and the drawn values stay."""
+    from equiv import Schedule
+    from equiv.execution.script import Script
+
+    @equivalent_to(lambda p, g: p * g, mutates={"p": "out"}, parameters=("p",))
+    def mul_(p, g):
+        return p.mul_(g)
+
+    p = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    ex = execution(mul_, p, g)
+    drawn = [grp.values.clone() for grp in ex.template.groups]
+    script = Script(ex)
+    schedule = Schedule(("forward", "backward", "step", "forward", "backward"))
+    result = script.execute(schedule, ex.impl_fn, script.cotangents(2))
+    assert result.error is None and len(result.grads) == 2
+    for grp, before in zip(ex.template.groups, drawn):
+        assert torch.equal(grp.values, before)

@@ -901,8 +901,11 @@ class Execution:
             return
         for k, how in enumerate(UPDATE_PATHS):
             shuffled = k % 2 == 0
+            # the new values are only read, except by ``.data =``, which hands the side their
+            # storage: the example's own values come as read-only views where they can
+            copied = None if how == ".data =" else ()
             try:
-                _update(side, self.side(shuffled=shuffled, grad=False), how)
+                _update(side, self.side(shuffled=shuffled, grad=False, fresh=copied), how)
             except RuntimeError:  # an expanded (self-overlapping) argument cannot be written
                 return
             before = side.versions()
@@ -1144,18 +1147,24 @@ def outside_writes(template: Template, side: Side) -> list[OutsideWrite]:
         if gaps is None:
             continue
         before = g.values.to(now.device)
-        changed = (_differs(now, before) & gaps).nonzero().reshape(-1)
-        if changed.numel():
+        changed = _differs_where(now, before, gaps)
+        if changed is not None:
             k = int(changed[0])
             out.append(OutsideWrite(g, changed.numel(), k, before[k].item(), now[k].item()))
     return out
 
 
-def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Elementwise: ``a`` differs from ``b`` (NaN equal to NaN)."""
+def _differs_where(a: torch.Tensor, b: torch.Tensor, where: torch.Tensor) -> torch.Tensor | None:
+    """The flat indices where ``a`` differs from ``b`` (NaN equal to NaN) within the mask
+    ``where``, or None when there are none. ``!=`` alone decides the common case (no such
+    element): the NaN test runs only when some element differs."""
+    changed = (a != b) & where
+    if not bool(changed.any()):
+        return None
     if a.dtype.is_floating_point or a.dtype.is_complex:
-        return ~((a == b) | (a.isnan() & b.isnan()))
-    return a != b
+        changed &= ~(a.isnan() & b.isnan())
+    changed = changed.nonzero().reshape(-1)
+    return changed if changed.numel() else None
 
 
 def cotangent_written(ex: Execution, b: Backward, n: int) -> list[tuple[str, str, Mismatch, str]]:

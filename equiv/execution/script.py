@@ -114,7 +114,9 @@ class Script:
 
         Under a ``recorder`` the run ends with a ``release`` phase: the graph, the outputs and
         then the arguments are dropped, so the timeline shows when each storage is freed."""
-        side: Side = self.template.instantiate(device=self.device)
+        # an optimizer step writes the leaves: they must not view the example's values
+        side: Side = self.template.instantiate(device=self.device,
+                                               leaves_written="step" in schedule.steps)
         leaves = [side.leaves[g.index] for g in self.groups]
         result = ScriptResult([])
         if recorder is None:
@@ -151,7 +153,8 @@ class Script:
                 try:
                     if step == "forward":
                         new = self.template.instantiate(device=self.device,
-                                                        shuffled=len(forwards) % 2 == 1)
+                                                        shuffled=len(forwards) % 2 == 1,
+                                                        leaves_written="step" in schedule.steps)
                         new_leaves = [new.leaves[g.index] for g in self.groups]
                         if not self._forward(fn, new, new_leaves, forwards, result, recorder):
                             return
