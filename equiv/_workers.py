@@ -16,6 +16,7 @@ started never enters it with one thread.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import multiprocessing
 import multiprocessing.connection
@@ -26,6 +27,8 @@ import sys
 import warnings
 from collections import deque
 from typing import Any, Callable
+
+from equiv._results import _event
 
 #: modules whose classes a result may hold (everything else is refused on the way back)
 _ALLOWED = ("equiv.report", "equiv._results", "equiv.modes")
@@ -60,10 +63,6 @@ def _plain_bytes(result: Any) -> bytes:
         return data
     except Exception:
         pass
-    import dataclasses
-
-    from equiv._results import _event
-
     report = result.report
     findings = tuple(dataclasses.replace(f, timeline=tuple(_event(e) for e in f.timeline))
                      for f in report.findings)

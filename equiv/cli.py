@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import random
 import sys
@@ -512,8 +513,6 @@ def _run_in_workers(tasks: list[Any], one: Callable[..., Any], results: list[Any
                     args: argparse.Namespace, advance: Callable[[str, int], None]) -> None:
     """``-n N``: each run in a worker process; ``results`` in the order of ``tasks`` (those
     that finished, when interrupted)."""
-    import functools
-
     from equiv._results import Result
     from equiv._workers import run_in_workers
 

@@ -8,6 +8,7 @@ strides and storage offsets. The user's tensors are only read.
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 import inspect
@@ -463,7 +464,6 @@ EXACT_INLINE = 4096
 
 def _exact_bytes(vals: torch.Tensor) -> str:
     """An expression rebuilding ``vals`` (on the CPU) bit for bit from its bytes."""
-    import base64
 
     raw = vals.contiguous().view(-1).view(torch.uint8) if vals.dtype != torch.bool else vals
     data = base64.b64encode(bytes(raw.contiguous().numpy().tobytes())).decode()
