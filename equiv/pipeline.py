@@ -42,7 +42,8 @@ from equiv.checks import (
 from equiv.errors import EquivError, InternalError, error_text
 from equiv.examples import Template
 from equiv.execution.calls import isolated, leaves
-from equiv.execution.record import Execution, Placement, Sink, check_mutated, execute
+from equiv.execution.pairing import check_mutated
+from equiv.execution.record import Execution, Placement, Sink, execute
 from equiv.execution.suspect import FIX as SUSPECT_FIX
 from equiv.execution.suspect import reference_suspect
 from equiv.execution.transforms import Unsupported, jvp_run, vmap_runs

@@ -19,13 +19,13 @@ from equiv.execution.graph import (
     graph_nodes,
     is_delayed_error,
 )
+from equiv.execution.pairing import reference_run
 from equiv.execution.record import (
     Execution,
     Sink,
     by_differences,
     derivative_kink,
     fd_only_note,
-    reference_run,
 )
 
 NAME = "double-backward"

@@ -296,3 +296,13 @@ def brief(x: Any) -> str:
     if isinstance(x, (tuple, list)):
         return f"of length {len(x)}"
     return repr(x)[:60]
+
+
+def defined(outs: list[torch.Tensor], cots: list[torch.Tensor | None],
+            ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The differentiated values with a defined cotangent, and those cotangents: an undefined
+    one is left out of the VJP, so autograd hands that output's backward ``None`` (or zeros,
+    where the graph materializes them) exactly as for an unused output."""
+    kept = [(o, c) for o, c in zip(outs, cots) if c is not None]
+    return [o for o, _ in kept], [c for _, c in kept]
+

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from equiv.errors import user_error
-from equiv.execution.record import reference_run
+from equiv.execution.pairing import reference_run
 
 _ELEMENTS = 4  # mismatched elements probed per gradient
 _STEP = 1e-5  # relative to max(1, |value|)

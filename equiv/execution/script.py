@@ -19,7 +19,8 @@ from equiv.errors import InvalidArgument
 from equiv.examples import Side, Template
 from equiv.execution.calls import call, cotangent, isolated, user_error, vjp
 from equiv.execution.calls import leaves as leaves_of
-from equiv.execution.record import Execution, Sink, pair, split
+from equiv.execution.pairing import pair, split
+from equiv.execution.record import Execution, Sink
 from equiv.timeline import Recorder, likely_cause
 
 _LR = 0.5

@@ -19,7 +19,8 @@ import torch
 from equiv._compat import tree_map
 from equiv.compare import compare_leaf
 from equiv.execution.calls import call, vjp
-from equiv.execution.record import Execution, reference_run, split
+from equiv.execution.pairing import reference_run, split
+from equiv.execution.record import Execution
 from equiv.execution.verdict import named_values
 
 #: what a finding about the reference's side says it should do instead

@@ -25,7 +25,8 @@ from equiv.compare import compare_leaf
 from equiv.errors import error_text
 from equiv.examples import Args, Template
 from equiv.execution.calls import clone_tree, cotangent, isolated, leaves, user_error, vjp
-from equiv.execution.record import Placement, Sink, execute, split
+from equiv.execution.pairing import split
+from equiv.execution.record import Placement, Sink, execute
 from equiv.modes import normalise_error
 from equiv.spec import Spec
 
