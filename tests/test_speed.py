@@ -252,7 +252,7 @@ def test_the_expected_state_copies_only_what_the_reference_wrote():
     """The mutation check's expected state: a view of the drawn values for an argument the
     reference leaves alone, a copy holding the final values for a mutated one; the drawn
     values themselves never change."""
-    from equiv.execution.record import expected_state
+    from equiv.execution.state import expected_state
 
     @equivalent_to(lambda p, g: p - g, mutates={"p": "out"})
     def sub_(p, g):

@@ -8,7 +8,8 @@ from typing import Any
 
 from equiv.compare import compare_leaf, compare_trees
 from equiv.examples import Template
-from equiv.execution.record import OutsideWrite, Sink, expected_state, outside_writes
+from equiv.execution.record import Sink
+from equiv.execution.state import OutsideWrite, expected_state, outside_writes
 
 NAME = "mutation"
 
