@@ -19,12 +19,12 @@ from equiv.execution.graph import (
     graph_nodes,
     is_delayed_error,
 )
+from equiv.execution.kinks import derivative_kink
 from equiv.execution.pairing import reference_run
 from equiv.execution.record import (
     Execution,
     Sink,
     by_differences,
-    derivative_kink,
     fd_only_note,
 )
 

@@ -13,8 +13,8 @@ from equiv.compare import compare_leaf
 from equiv.errors import error_text
 from equiv.execution.calls import format_tb
 from equiv.execution.graph import slot_explanation
-from equiv.execution.kinks import subgradient_choice
-from equiv.execution.record import Sink, cotangent_written, kink_cause, name_cotangent
+from equiv.execution.kinks import kink_cause, subgradient_choice
+from equiv.execution.record import Sink, cotangent_written, name_cotangent
 from equiv.execution.verdict import fd_message
 from equiv.execution.script import explain_backwards
 

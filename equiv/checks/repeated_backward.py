@@ -8,13 +8,12 @@ from typing import Any
 
 from equiv.compare import compare_leaf
 from equiv.execution.calls import format_tb
-from equiv.execution.kinks import subgradient_choice
+from equiv.execution.kinks import kink_cause, subgradient_choice
 from equiv.execution.record import (
     Sink,
     by_differences,
     cotangent_written,
     fd_only_note,
-    kink_cause,
     name_cotangent,
 )
 from equiv.execution.script import explain_backwards

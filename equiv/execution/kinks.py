@@ -1,8 +1,16 @@
-"""One-sided derivatives of the reference where a gradient mismatches: at a point where the
-reference is not differentiable (``hardtanh`` at its bound, ``clamp`` with ``lo == hi``), or
-where its autograd value is not its derivative (``log1p(exp(-|x|)) + relu(-x)`` at 0 is smooth
-while autograd takes ``abs``'s and ``relu``'s subgradient 0; ``std`` of an expanded constant),
-an implementation returning the reference's own derivative from one side is correct.
+"""The reference's kinks where a value mismatches: points where it is not differentiable, or
+where its autograd value is not its derivative.
+
+:func:`kink_cause` names the worst element of a gradient mismatch when the reference's output
+or gradient jumps there (the line of an explained failure, never a verdict);
+:func:`derivative_kink` does the same for a second-order mismatch (there the reference's
+autograd second derivative may jump too), so that double-backward sets the element aside.
+
+:func:`subgradient_choice` accepts a mismatching gradient there: at a point where the reference
+is not differentiable (``hardtanh`` at its bound, ``clamp`` with ``lo == hi``), or where its
+autograd value is not its derivative (``log1p(exp(-|x|)) + relu(-x)`` at 0 is smooth while
+autograd takes ``abs``'s and ``relu``'s subgradient 0; ``std`` of an expanded constant), an
+implementation returning the reference's own derivative from one side is correct.
 
 For the worst mismatched element, the reference's scalar ``sum(value * cotangent)`` is computed
 in float64 with that storage element moved by ``+-h`` and ``+-h/4``. The element is a kink of the
@@ -16,12 +24,19 @@ comparison (set equal on both sides) and the gradient judged again, for up to
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from equiv._compat import tree_flatten
+from equiv._explain import explaining
 from equiv.errors import user_error
+from equiv.examples import Side
 from equiv.execution.pairing import reference_run
+from equiv.strategies._derived import jumps_at, smooth_at
+
+if TYPE_CHECKING:
+    from equiv.execution.record import Execution
 
 _ELEMENTS = 4  # mismatched elements probed per gradient
 _STEP = 1e-5  # relative to max(1, |value|)
@@ -154,3 +169,161 @@ def _loss(ex: Any, group: Any, element: int, n: int, step: float) -> float:
             continue
         total += float((v.detach().to(torch.float64) * cot.to(v.device, torch.float64)).sum())
     return total
+
+
+def _kink_site(ex: Execution, group: Any, m: Any) -> tuple[int, list[int], str] | None:
+    """Where a mismatch's worst element is in the reference's arguments: (argument position,
+    the row-major flat indices of the argument's elements that hold it -- several where the
+    argument's storage overlaps, e.g. expanded --, ``"x[i, j] = v"``), or None where that
+    cannot be said (a group of several arguments)."""
+    index, side = getattr(m, "index", None), ex.ref_side
+    if index is None or side is None or len(group.slots) != 1:
+        return None
+    tensor = side.tensors[group.slots[0]]
+    if not tensor.dtype.is_floating_point:  # a kink is a real-valued notion
+        return None
+    values = list(side.bound.args) + list(side.bound.kwargs.values())
+    k = next((i for i, v in enumerate(values) if v is tensor), None)
+    slot = ex.template.slots[group.slots[0]]
+    shape = tensor.shape if group.simple else group.values.shape
+    if k is None or len(index) != len(shape):
+        return None
+    flat = sum(i * s for i, s in zip(index, torch.empty(shape).stride()))
+    where = slot.path + (f"[{', '.join(map(str, index))}]" if index else "")
+    if group.simple:
+        return k, [flat], f"{where} = {float(tensor.detach().reshape(-1)[flat]):g}"
+    positions = torch.arange(group.values.numel()).as_strided(slot.size, slot.stride,
+                                                               slot.offset).reshape(-1)
+    flats = [int(i) for i in (positions == flat).nonzero().reshape(-1)]
+    if not flats:
+        return None
+    value = float(tensor.detach().reshape(-1)[flats[0]])
+    return k, flats, f"{slot.path} (storage element {flat}) = {value:g}"
+
+
+def kink_cause(ex: Execution, group: Any, m: Any) -> str | None:
+    """When the worst element is an input where the reference is not differentiable (its
+    output or gradient jumps there, e.g. ``clamp`` at its bounds), the line saying so: the two
+    sides may legitimately pick different one-sided derivatives there. Only for a failure that
+    is explained (:func:`equiv._explain.explaining`): it never changes a verdict."""
+    if not explaining():
+        return None
+    site = _kink_site(ex, group, m)
+    if site is None:
+        return None
+    k, flats, where = site
+    side = ex.ref_side
+    assert side is not None
+    args, kwargs = side.bound.args, dict(side.bound.kwargs)
+    if smooth_at(ex.spec.ref, args, kwargs, {k: flats}) or not jumps_at(ex.spec.ref, args,
+                                                                         kwargs, {k: flats}):
+        return None  # no jump seen within the probe's radius: no claim
+    values = list(side.bound.args) + list(side.bound.kwargs.values())
+    ties = _tied_with(ex, side, values, k, tuple(m.index)) if group.simple else []
+    tie = (f" and ties {' and '.join(ties)} (equal values in two arguments; moving the tied "
+           "value changes the reference's gradient)") if ties else ""
+    return (f"{where}{tie} is a point where the reference is not differentiable (its "
+            "output or gradient jumps there): the two sides pick different one-sided "
+            "derivatives (subgradients). If either is acceptable, keep the inputs away from it "
+            "(inputs=...) or use the reference's convention.")
+
+
+def derivative_kink(ex: Execution, group: Any, m: Any) -> str | None:
+    """``"x[i] = v"`` when a second-order mismatch's worst element is an input where the
+    reference's derivative has a kink: the reference is not differentiable there
+    (:func:`kink_cause`'s probe), or its autograd second derivative jumps there
+    (``z.abs().pow(2)`` at 0: smooth, but ``sign(z)**2`` is 0 at 0 and 1 beside it). A smooth
+    implementation's second derivative legitimately differs there. Else None."""
+    site = _kink_site(ex, group, m)
+    if site is None:
+        return None
+    k, flats, where = site
+    side = ex.ref_side
+    assert side is not None
+    args, kwargs = side.bound.args, dict(side.bound.kwargs)
+    if not smooth_at(ex.spec.ref, args, kwargs, {k: flats}):
+        return where if jumps_at(ex.spec.ref, args, kwargs, {k: flats}) else None
+    try:
+        at, up, down, up_near, down_near = (
+            _second_order(ex.spec.ref, args, kwargs, k, flats, step)
+            for step in (0.0, _KINK_STEP, -_KINK_STEP, _KINK_STEP / 10, -_KINK_STEP / 10))
+    except BaseException as e:  # the reference raised (SystemExit too): no claim
+        if not user_error(e):
+            raise
+        return None
+
+    def gap(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float(((a - b).abs() / (1 + a.abs())).max()) if a.numel() else 0.0
+    # a jump stays when the step shrinks; a steep smooth second derivative's gap shrinks too
+    jump = [gap(at, near) > _KINK_JUMP and gap(at, near) > 0.5 * gap(at, far)
+            for far, near in ((up, up_near), (down, down_near))
+            if at.shape == far.shape == near.shape]
+    return where if any(jump) else None
+
+
+_KINK_STEP, _KINK_JUMP = 1e-5, 1e-2
+
+
+def _second_order(ref: Callable[..., Any], args: Any, kwargs: dict, k: int, flats: list[int],
+                  step: float) -> torch.Tensor:
+    """The reference's float64 second-order gradient w.r.t. every floating argument (fixed
+    cotangent and vector, magnitudes 1-2), ``step`` added at argument ``k``'s elements
+    ``flats`` (row-major): all of them flattened into one tensor."""
+    values = list(args) + list(kwargs.values())
+    leaves: list[torch.Tensor] = []
+    for i, v in enumerate(values):
+        if isinstance(v, torch.Tensor) and v.dtype.is_floating_point:
+            w = v.detach().to(torch.float64).clone(memory_format=torch.contiguous_format)
+            if i == k:
+                w.view(-1)[flats] += step
+            values[i] = w.requires_grad_(True)
+            leaves.append(values[i])
+    gen = torch.Generator().manual_seed(1234)
+
+    def weights(like: torch.Tensor) -> torch.Tensor:
+        sign = torch.randn(like.shape, generator=gen, dtype=torch.float64).sign()
+        return sign * (1 + torch.rand(like.shape, generator=gen, dtype=torch.float64))
+
+    with torch.enable_grad():
+        out = ref(*values[:len(args)], **dict(zip(kwargs, values[len(args):])))
+        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)
+                and o.requires_grad and o.dtype.is_floating_point]
+        if not outs:
+            return torch.zeros(0, dtype=torch.float64)
+        loss = sum((o.to(torch.float64) * weights(o)).sum() for o in outs)
+        first = torch.autograd.grad(loss, leaves, create_graph=True, allow_unused=True)
+        live = [(g, weights(g)) for g in first if g is not None and g.requires_grad]
+        if not live:
+            return torch.zeros(0, dtype=torch.float64)
+        total = sum((g * w).sum() for g, w in live)
+        second = torch.autograd.grad(total, leaves, allow_unused=True)
+    return torch.cat([(torch.zeros_like(leaf) if g is None else g.detach()).reshape(-1)
+                      for g, leaf in zip(second, leaves)])
+
+
+def _tied_with(ex: Execution, side: Side, values: list[Any], k: int,
+               index: tuple[int, ...]) -> list[str]:
+    """The elements of other arguments (``lo[0]``) that broadcasting aligns with element
+    ``index`` of the argument at position ``k`` of ``values``, hold the same value, and where
+    the reference is not smooth (the probe moves that element alone)."""
+    tensor = values[k]
+    value = tensor.detach()[index]
+    out = []
+    for k2, u in enumerate(values):
+        if (k2 == k or not isinstance(u, torch.Tensor) or u.dtype != tensor.dtype
+                or u.dim() > tensor.dim()):
+            continue
+        off = tensor.dim() - u.dim()
+        if any(d not in (1, tensor.shape[i + off]) for i, d in enumerate(u.shape)):
+            continue
+        at = tuple(0 if d == 1 else index[i + off] for i, d in enumerate(u.shape))
+        if not bool(u.detach()[at] == value):
+            continue
+        flat = sum(i * st for i, st in zip(at, u.contiguous().stride()))
+        if smooth_at(ex.spec.ref, side.bound.args, dict(side.bound.kwargs), {k2: [flat]}):
+            continue
+        j = next((i for i, t in enumerate(side.tensors) if t is u), None)
+        name = ex.template.slots[j].path if j is not None else f"argument {k2}"
+        out.append(name + (f"[{', '.join(map(str, at))}]" if at else ""))
+    return out
+
