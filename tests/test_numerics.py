@@ -859,7 +859,7 @@ def test_the_probe_magnitude_of_a_complex_gradient_is_its_modulus():
     ex = execution(rotate, torch.randn(6, dtype=torch.complex64, requires_grad=True), seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        m = ex.probe_magnitude(1, ex.template.groups[0])
+        m = ex.oracle.probe_magnitude(1, ex.template.groups[0])
     assert m is not None and m.dtype == torch.float64 and bool((m > 0).all())
 
 

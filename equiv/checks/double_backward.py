@@ -20,13 +20,9 @@ from equiv.execution.graph import (
     is_delayed_error,
 )
 from equiv.execution.kinks import derivative_kink
+from equiv.execution.oracle import by_differences, fd_only_note
 from equiv.execution.pairing import reference_run
-from equiv.execution.record import (
-    Execution,
-    Sink,
-    by_differences,
-    fd_only_note,
-)
+from equiv.execution.record import Execution, Sink
 
 NAME = "double-backward"
 
@@ -114,9 +110,9 @@ _KINKS = 4
 
 def _judge(ex: Execution, sink: Sink, name: str, group: Any, actual: torch.Tensor,
            expected: torch.Tensor, oracle: Any) -> Any:
-    """``ex.judge`` of one second-order gradient, setting aside (with a note) elements at a kink
-    of the reference's derivative (:func:`derivative_kink`), where a smooth implementation's
-    second derivative legitimately differs from the reference's autograd one."""
+    """``ex.oracle.judge`` of one second-order gradient, setting aside (with a note) elements at
+    a kink of the reference's derivative (:func:`derivative_kink`), where a smooth
+    implementation's second derivative legitimately differs from the reference's autograd one."""
     aside: list[str] = []
     o_memo: list[Any] = []
 
@@ -133,8 +129,8 @@ def _judge(ex: Execution, sink: Sink, name: str, group: Any, actual: torch.Tenso
     kinks: list[int] = []
     m = None
     for _ in range(_KINKS + 1):
-        m = ex.judge(name, actual, expected, kind="second-order", group=group,
-                     oracle=patched_oracle)
+        m = ex.oracle.judge(name, actual, expected, kind="second-order", group=group,
+                            oracle=patched_oracle)
         where = None if m is None or len(aside) >= _KINKS else derivative_kink(ex, group, m)
         if where is None:
             break

@@ -39,9 +39,9 @@ def _outputs(ex: Any) -> list[Mismatch]:
     out = []
     for (p, a), (_, e) in zip(actual, expected):
         name = f"output{p}"
-        m = ex.judge(name, a, e, oracle=lambda n=name: ex.oracle_value(n),
-                     baseline=lambda n=name: ex.baseline_value(n),
-                     rounding=lambda n=name: ex.rounding_spread(n), precision=True)
+        m = ex.oracle.judge(name, a, e, oracle=lambda n=name: ex.oracle.value(n),
+                            baseline=lambda n=name: ex.oracle.baseline_value(n),
+                            rounding=lambda n=name: ex.oracle.rounding_spread(n), precision=True)
         if m is not None:
             out.append(m)
     return out

@@ -83,10 +83,10 @@ def _first_backward(ex: Any, sink: Sink) -> None:
     forward_differs = any(f.check in ("forward", "mutation") for f in sink.findings)
     for i, (g, a, e) in enumerate(zip(pairing.groups, b.grads, ref)):
         name = ex.template.group_name(g)
-        m = ex.judge(name, a, e, kind="gradients", group=g, cotangent=1,
-                     oracle=lambda i=i: _at(ex.oracle_grads(1), i),
-                     baseline=lambda i=i: _at(ex.baseline_grads(1), i),
-                     rounding=lambda i=i: ex.gradient_spread(1, i))
+        m = ex.oracle.judge(name, a, e, kind="gradients", group=g, cotangent=1,
+                            oracle=lambda i=i: _at(ex.oracle.grads(1), i),
+                            baseline=lambda i=i: _at(ex.oracle.baseline_grads(1), i),
+                            rounding=lambda i=i: ex.oracle.gradient_spread(1, i))
         if m is not None and not forward_differs:
             choice = subgradient_choice(ex, name, i, a, e, m, 1)
             if choice is not None:
@@ -124,7 +124,7 @@ def _finite_differences(ex: Any, sink: Sink, why: str | None) -> None:
     """The reference cannot differentiate (its backward raised, or its result has no autograd
     history: NumPy, a detached result): the implementation's VJP against central differences
     of the reference in float64 (:mod:`equiv.numerics`), else a note."""
-    fd, detail = ex.finite_differences()
+    fd, detail = ex.oracle.finite_differences()
     if fd is None:
         if why is not None or detail is not None:
             sink.not_compared(NAME, f"gradients not compared: "

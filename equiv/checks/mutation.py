@@ -31,8 +31,8 @@ def _recorded(ex: Any, sink: Sink) -> None:
         exp = unrepresentable.get(j, expected.tensors[j])
         arg = slot.path.split("[")[0]
         if group.mutated:
-            m = ex.judge(slot.path, actual, exp, oracle=lambda j=j: ex.oracle_state(j),
-                         baseline=lambda j=j: ex.baseline_state(j))
+            m = ex.oracle.judge(slot.path, actual, exp, oracle=lambda j=j: ex.oracle.state(j),
+                                baseline=lambda j=j: ex.oracle.baseline_state(j))
             if m is not None:
                 what = ("the final value of mutated argument" if arg in spec.mutates else
                         "argument (sharing storage with a mutated argument)")

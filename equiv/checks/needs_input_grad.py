@@ -50,8 +50,8 @@ def _rerun_oracle(ex: Execution, done: Any,
                   cots: list[torch.Tensor]) -> Callable[[], OracleVJP | None]:
     """This pattern's oracle with its cotangent, run on first use (once)."""
     t = _pattern_template(ex.template, {g.index for g in done.pairing.groups})
-    return functools.cache(lambda: ex.rerun_oracle(t, [n for n, _, _ in done.pairing.pairs],
-                                                   cots))
+    names = [n for n, _, _ in done.pairing.pairs]
+    return functools.cache(lambda: ex.oracle.rerun_vjp(t, names, cots))
 
 
 def _oracle_grads(at: Callable[[], OracleVJP | None],
@@ -124,8 +124,8 @@ def _backward(ex: Execution, sink: Sink, done: Any, gen: torch.Generator, when: 
         name = ex.template.group_name(g)
         if name in reported:
             continue
-        m = ex.judge(name, a, e, kind="gradients", group=g, cotangent=at,
-                     oracle=lambda i=i: oracle(i))
+        m = ex.oracle.judge(name, a, e, kind="gradients", group=g, cotangent=at,
+                            oracle=lambda i=i: oracle(i))
         if m is None:
             continue
         zero = not bool(a.detach().abs().sum()) and bool(e.detach().abs().sum())

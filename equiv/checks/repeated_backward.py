@@ -9,13 +9,8 @@ from typing import Any
 from equiv.compare import compare_leaf
 from equiv.execution.calls import format_tb
 from equiv.execution.kinks import kink_cause, subgradient_choice
-from equiv.execution.record import (
-    Sink,
-    by_differences,
-    cotangent_written,
-    fd_only_note,
-    name_cotangent,
-)
+from equiv.execution.oracle import by_differences, fd_only_note
+from equiv.execution.record import Sink, cotangent_written, name_cotangent
 from equiv.execution.script import explain_backwards
 
 NAME = "repeated-backward"
@@ -66,12 +61,12 @@ def _repeat(ex: Any, sink: Sink) -> None:
         return
     for name, headline, m, fix in cotangent_written(ex, b2, 2):
         sink.finding(NAME, headline, argument=name, mismatch=m, exact=True, fix=fix)
-    oracle, baseline = ex.oracle_grads, ex.baseline_grads
+    oracle, baseline = ex.oracle.grads, ex.oracle.baseline_grads
     for i, (name, a, e) in enumerate(zip(names, b2.grads, ref2)):
-        m = ex.judge(name, a, e, kind="gradients", group=pairing.groups[i], cotangent=2,
-                     oracle=lambda i=i: None if oracle(2) is None else oracle(2)[i],
-                     baseline=lambda i=i: None if baseline(2) is None else baseline(2)[i],
-                     rounding=lambda i=i: ex.gradient_spread(2, i))
+        m = ex.oracle.judge(name, a, e, kind="gradients", group=pairing.groups[i], cotangent=2,
+                            oracle=lambda i=i: None if oracle(2) is None else oracle(2)[i],
+                            baseline=lambda i=i: None if baseline(2) is None else baseline(2)[i],
+                            rounding=lambda i=i: ex.oracle.gradient_spread(2, i))
         choice = None if m is None else subgradient_choice(ex, name, i, a, e, m, 2)
         if choice is not None:
             sink.note(f"backward #2: {choice}")

@@ -86,8 +86,8 @@ def _plain_differs(ex: Execution, plan: Script, schedule: Schedule, cots: Any,
     if plain.error is not None or len(plain.grads) < k:
         return False
     got = plain.grads[k - 1][i]
-    m = ex.judge(plan.names[i], got, expected.to(dtype=got.dtype, device=got.device),
-                 kind="gradients", group=plan.groups[i], oracle=oracle)
+    m = ex.oracle.judge(plan.names[i], got, expected.to(dtype=got.dtype, device=got.device),
+                        kind="gradients", group=plan.groups[i], oracle=oracle)
     return m is not None and not rounding_only([m])
 
 
@@ -161,7 +161,7 @@ def _compare(ex: Execution, sink: Sink, plan: Script, schedule: Schedule, cots: 
 
     def oracle(k: int, i: int, even: bool) -> Any:  # the float64 reference's, on first use
         if even not in memo:
-            memo[even] = ex.oracle_vjps(ex.template, [n for n, _, _ in plan.pairs],
+            memo[even] = ex.oracle.vjps(ex.template, [n for n, _, _ in plan.pairs],
                                         plan.groups, cots, shuffled=even)
         return None if memo[even] is None else memo[even][k][i]
 
@@ -170,8 +170,8 @@ def _compare(ex: Execution, sink: Sink, plan: Script, schedule: Schedule, cots: 
         for i, (name, a, e) in enumerate(zip(plan.names, got, exp)):
             e = e.to(dtype=a.dtype, device=a.device)  # the reference may run elsewhere
             even = through[k - 1] % 2 == 0  # even forwards see every storage reversed
-            m = ex.judge(name, a, e, kind="gradients", group=plan.groups[i],
-                         oracle=lambda k=k, i=i, even=even: oracle(k - 1, i, even))
+            m = ex.oracle.judge(name, a, e, kind="gradients", group=plan.groups[i],
+                                oracle=lambda k=k, i=i, even=even: oracle(k - 1, i, even))
             if m is None:
                 continue
             if rounding_only([m]):  # a precision difference, not a schedule problem

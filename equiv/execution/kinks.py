@@ -49,10 +49,10 @@ def subgradient_choice(ex: Any, name: str, i: int, actual: torch.Tensor, expecte
     point where the implementation takes one of the reference's one-sided derivatives (and the
     rest then passes); else None (the finding stands)."""
     group = ex.pairing().groups[i]
-    oracle = (ex.oracle_grads(n) or [None] * (i + 1))[i]
+    oracle = (ex.oracle.grads(n) or [None] * (i + 1))[i]
     if oracle is None or len(group.slots) != 1 or not group.dtype.is_floating_point:
         return None
-    baseline = (ex.baseline_grads(n) or [None] * (i + 1))[i]
+    baseline = (ex.oracle.baseline_grads(n) or [None] * (i + 1))[i]
     values = [t.detach().clone() for t in (expected, oracle, baseline) if t is not None]
     seen = []
     for _ in range(_ELEMENTS):
@@ -67,8 +67,8 @@ def subgradient_choice(ex: Any, name: str, i: int, actual: torch.Tensor, expecte
         for v in values:  # the element leaves the comparison: both sides equal there
             v[index] = actual.detach()[index].to(v.dtype)
         e, o, b = values[0], values[1], values[2] if len(values) > 2 else None
-        m = ex.judge(name, actual, e, kind="gradients", group=group, cotangent=n,
-                     oracle=o, baseline=b, rounding=lambda: ex.gradient_spread(n, i))
+        m = ex.oracle.judge(name, actual, e, kind="gradients", group=group, cotangent=n,
+                            oracle=o, baseline=b, rounding=lambda: ex.oracle.gradient_spread(n, i))
         if m is None:
             return (f"gradient w.r.t. {name!r}: at {', '.join(seen)} the reference is not "
                     "differentiable (or its autograd value there is not its derivative) and "

@@ -18,24 +18,12 @@ from equiv.execution.calls import isolated, user_error
 from equiv.execution.calls import leaves as leaves_of
 from equiv.execution.calls import defined, vjp
 from equiv.execution.graph import builtin_only, function_nodes
-from equiv.execution.pairing import Pairing, RefRun, ReferenceError_, pair, reference_run, split
+from equiv.execution.oracle import Oracle
+from equiv.execution.pairing import Pairing, ReferenceError_, pair, split
 from equiv.execution.runs import ImplRun, impl_run
-from equiv.execution.state import state_with
-from equiv.execution.rounding import rounding_spread
-from equiv.execution.verdict import (
-    FD_MAX_ELEMENTS,
-    OracleVJP,
-    fd_check,
-    fd_plan,
-    fd_reference,
-    fd_terms,
-    judge_leaf,
-    named_values,
-    summed_terms,
-)
 from equiv.memory import measure, retained
 from equiv.modes import normalise_error
-from equiv.numerics import NumericMismatch, oracle_disagreement, oracle_dtype
+from equiv.numerics import NumericMismatch
 from equiv.report import Finding
 from equiv.spec import Spec
 from equiv.variants import CONTIGUOUS, CotangentVariant
@@ -241,6 +229,13 @@ class Execution:
         pairing = pair(template, impl_side, impl_result, ref_side, ref_result, finals, consumed)
         return Rerun(impl_side, ref_side, impl_result, pairing), None
 
+    # -- the reference's other runs -----------------------------------------------------------
+    @property
+    def oracle(self) -> Oracle:
+        """The float64 oracle and the baseline of this example, which judge its values
+        (:class:`~equiv.execution.oracle.Oracle`; its runs are cached on the record)."""
+        return Oracle(self)
+
     # -- the differentiated function ----------------------------------------------------------
     def pairing(self) -> Pairing:
         if self._pairing is None:
@@ -351,349 +346,6 @@ class Execution:
             grads, err = vjp(outs, self.leaves("impl"), cots)
             self._backwards.append(Backward(grads, err, given, cot))
         return self._backwards[k - 1]
-
-    # -- numerics: the oracle and the baseline (equiv.numerics, equiv.execution.verdict) -------
-    def oracle(self) -> RefRun:
-        """The reference once more on the same values in float64 (float32 where the device has
-        none), on its own device; cached, run at most once, only when a value needs it. The
-        reference run itself when it already ran in that dtype (``reference_dtype``)."""
-        if "oracle" not in self.cache:
-            device = self.place.ref_device or self.place.device
-            dtype = oracle_dtype(torch.float32, device)
-            if self.place.ref_dtype == dtype and self.ref_side is not None:
-                run = reference_run(self.spec, self.ref_fn, self.ref_side, self.ref_result,
-                                    self.ref_exc, called=True)
-            else:
-                side = self.template.instantiate(device=device, dtype=dtype)
-                run = reference_run(self.spec, self.ref_fn, side)
-            self.cache["oracle"] = run
-        return self.cache["oracle"]
-
-    def baseline(self) -> RefRun | None:
-        """The reference at the implementation's dtype and device: None when that is the
-        record's own reference run; with ``reference_dtype``/``reference_device``, one more
-        call (cached)."""
-        if not self.place.cross:
-            return None
-        if "baseline" not in self.cache:
-            side = self.template.instantiate(device=self.place.device)
-            self.cache["baseline"] = reference_run(self.spec, self.ref_fn, side)
-        return self.cache["baseline"]
-
-    def oracle_value(self, name: str) -> Any:
-        """The oracle's value of the pairing name ``name`` (e.g. ``"output[0]"``), or None."""
-        return self.oracle().values.get(name)
-
-    def baseline_value(self, name: str) -> Any:
-        run = self.baseline()
-        return None if run is None else run.values.get(name)
-
-    def _run_grads(self, run: RefRun | None, n: int) -> list[torch.Tensor] | None:
-        if run is None or run.side is None or not run.values:
-            return None
-        p = self.pairing()
-        outs = [run.values.get(name) for name, _, _ in p.pairs]
-        leaves = [run.side.leaves[g.index] for g in p.groups]
-        if not all(isinstance(o, torch.Tensor) and o.requires_grad for o in outs) or \
-                any(leaf is None for leaf in leaves):
-            return None
-        outs, given = defined(outs, self.cotangents()[n - 1])
-        grads, err = vjp(outs, leaves, _cast(given, outs))
-        return None if err is not None else grads
-
-    def oracle_grads(self, n: int) -> list[torch.Tensor] | None:
-        """The oracle's VJP for cotangent ``n`` (cast to float64), one per pairing group; None
-        when the oracle cannot differentiate. Cached."""
-        key = f"oracle-grads-{n}"
-        if key not in self.cache:
-            self.cache[key] = self._run_grads(self.oracle(), n)
-        return self.cache[key]
-
-    def baseline_grads(self, n: int) -> list[torch.Tensor] | None:
-        """The baseline's VJP for cotangent ``n``: None when the baseline is the record's own
-        reference run (:meth:`ref_grads`)."""
-        key = f"baseline-grads-{n}"
-        if key not in self.cache:
-            self.cache[key] = self._run_grads(self.baseline(), n)
-        return self.cache[key]
-
-    def oracle_state(self, j: int) -> torch.Tensor | None:
-        """What slot ``j`` must hold after the call, by the oracle (see :func:`expected_state`)."""
-        return self._state("oracle-state", self.oracle(), j)
-
-    def baseline_state(self, j: int) -> torch.Tensor | None:
-        """The same by the baseline: None when that is the record's reference run."""
-        run = self.baseline()
-        return None if run is None else self._state("baseline-state", run, j)
-
-    def _state(self, key: str, run: RefRun, j: int) -> torch.Tensor | None:
-        if key not in self.cache:
-            state = None
-            if run.why is None and run.side is not None and run.side.tensors:
-                t = run.side.tensors[0]
-                dtype = oracle_dtype(torch.float32, t.device) if key == "oracle-state" else None
-                try:
-                    state = state_with(self.template, run.finals, t.device, dtype)
-                except ReferenceError_:
-                    state = None
-            self.cache[key] = state
-        state = self.cache[key]
-        if state is None:
-            return None
-        side, unrepresentable = state
-        return unrepresentable.get(j, side.tensors[j])
-
-    def _oracle_run(self, template: Template, names: list[str],
-                    shuffled: bool = False) -> tuple[Side, list[torch.Tensor]] | None:
-        """The reference once more in float64 on a fresh copy of ``template`` (``shuffled``:
-        every storage reversed): its side and its values ``names``; None when they are not all
-        differentiable."""
-        device = self.place.ref_device or self.place.device
-        side = template.instantiate(device=device, dtype=oracle_dtype(torch.float32, device),
-                                    shuffled=shuffled)
-        run = reference_run(self.spec, self.ref_fn, side)
-        outs = [run.values.get(n) for n in names]
-        if run.why is not None or not all(isinstance(o, torch.Tensor) and o.requires_grad
-                                          for o in outs):
-            return None
-        return side, outs
-
-    def oracle_vjps(self, template: Template, names: list[str], groups: list[Any],
-                    cots: list[list[torch.Tensor]], *,
-                    shuffled: bool = False) -> list[list[torch.Tensor]] | None:
-        """The reference once more in float64 on a fresh copy of ``template`` (e.g. another
-        requires_grad pattern; ``shuffled``: every storage reversed, as a schedule's even
-        forwards see it), its VJP w.r.t. ``groups``' leaves of the values ``names`` for
-        each cotangent list in ``cots`` (cast to float64); None when it cannot. For a check's
-        own rerun, called only when a value fails the per-dtype default."""
-        found = self._oracle_run(template, names, shuffled)
-        if found is None:
-            return None
-        side, outs = found
-        result = []
-        for c in cots:
-            grads = OracleVJP(template, side, outs, _cast(c, outs), 0).grads(groups)
-            if grads is None:
-                return None
-            result.append(grads)
-        return result
-
-    def rerun_oracle(self, template: Template, names: list[str],
-                     cots: list[torch.Tensor]) -> OracleVJP | None:
-        """The oracle of a rerun on ``template`` (another requires_grad pattern) with the
-        cotangent ``cots`` for its values ``names`` (cast to float64): its gradients and the
-        size of their terms, judged as the record's own (:meth:`judge`'s ``cotangent``); None
-        when it cannot differentiate. For a check's own rerun, called only when a value fails
-        the per-dtype default."""
-        found = self._oracle_run(template, names)
-        if found is None:
-            return None
-        side, outs = found
-        return OracleVJP(template, side, outs, _cast(cots, outs), self.cot_seed + 104729 * 3)
-
-    def judge(self, name: str, actual: Any, expected: Any, *, oracle: Any = None,
-              baseline: Any = None, kind: str = "outputs", group: Any = None,
-              cotangent: int | Callable[[], OracleVJP | None] | None = None,
-              rounding: Any = None, precision: bool = False) -> Mismatch | None:
-        """Compare one value with the reference's ``expected`` the way every check does: the
-        spec's ``rtol``/``atol`` when set, else the per-dtype default and, where that rejects a
-        floating value, the baseline-relative rule against ``oracle`` (a tensor or a callable;
-        see :mod:`equiv.execution.verdict`). ``kind``: ``"outputs"``, ``"gradients"`` or
-        ``"second-order"`` (the rule's ``k``); ``group``: the storage group of a gradient
-        (an expanded argument's gradient sums many terms: a larger floor, taken at the size
-        of the terms when ``cotangent`` names the cotangent the gradient was taken for: 1 or
-        2, the record's, or a callable returning a rerun's oracle (:meth:`rerun_oracle`);
-        under the record's expanded, constant cotangent also at the size the gradient has
-        for a random one); ``rounding``: a lazy :meth:`rounding_spread` (an output) or
-        :meth:`gradient_spread` (a gradient) for a value of the record's own example (the
-        term-magnitude floor); ``precision``: the value is
-        judged for precision (the forward check: float16/bfloat16 by the rule in ULPs)."""
-        terms = 1.0 if group is None else summed_terms(self.template, group)
-        magnitude = self._magnitude(cotangent, group, terms)
-        m = judge_leaf(name, actual, expected, rtol=self.spec.rtol, atol=self.spec.atol,
-                       oracle=oracle, baseline=baseline, kind=kind, why=self.oracle_why,
-                       device=self.device, terms=terms, cross=self.place.cross,
-                       magnitude=magnitude, example_size=lambda: self._example_size(kind),
-                       rounding=rounding, precision=precision,
-                       same_function=None if kind == "outputs" else self.oracle_agrees)
-        overlapping = group is not None and not group.simple
-        return self._precision_difference(name, actual, m, overlapping)
-
-    def oracle_agrees(self) -> bool:
-        """Whether the float64 oracle computes the reference's function on this example: every
-        floating value of its forward (outputs, final values of mutated arguments) agrees with
-        the reference's at its dtype within rounding (:func:`oracle_disagreement`). A gradient
-        whose float64 and low-precision values differ far more then shows cancellation (a
-        layer norm over two elements), not another function (a dropout mask drawn in float64
-        is seen in the forward already). Cached."""
-        if "oracle_agrees" not in self.cache:
-            at_dtype = self.baseline()
-            ours = (named_values(self.expected, self.finals, self.consumed) if at_dtype is None
-                    else at_dtype.values)
-            size = self._example_size("outputs")
-            self.cache["oracle_agrees"] = all(
-                oracle_disagreement(o, b, b.dtype, None, size) is None
-                for name, o in self.oracle().values.items()
-                for b in [ours.get(name)]
-                if isinstance(o, torch.Tensor) and isinstance(b, torch.Tensor)
-                and b.dtype.is_floating_point and o.shape == b.shape)
-        return self.cache["oracle_agrees"]
-
-    def _example_size(self, kind: str) -> float:
-        """The largest finite ``|value|`` of the example's floating inputs and, for a gradient,
-        of its cotangents: what the reference's rounding is measured against where its result
-        cancels (a layer norm of a constant row is 0 in float64, and rounds at the inputs' size
-        at its dtype)."""
-        values = [g.values for g in self.template.groups if g.dtype.is_floating_point]
-        if kind != "outputs":
-            values += [c for cots in self.cotangents() for c in cots
-                       if isinstance(c, torch.Tensor) and c.dtype.is_floating_point]
-        sizes = [float(torch.nan_to_num(v.detach().abs().to(torch.float64), nan=0.0,
-                                        posinf=0.0).max()) for v in values if v.numel()]
-        return max(sizes, default=0.0)
-
-    def _precision_difference(self, name: str, actual: Any, m: Mismatch | None,
-                              overlapping: bool) -> Mismatch | None:
-        """A value within rounding level of the reference's own error against float64
-        (:attr:`~equiv.numerics.NumericMismatch.rounding_level`) passes with a note when it is
-        float32 (another summation order, not a wrong value), or the gradient of an
-        overlapping argument in any dtype (it sums one term per view, each carrying the
-        rounding of intermediates the oracle's terms do not show: ``x * sigmoid(x)`` in
-        bfloat16 rounds two parts of a derivative that nearly cancel). Other half values keep
-        the finding: half accumulation bugs are rounding-level too."""
-        if not (isinstance(m, NumericMismatch) and m.rounding_level
-                and isinstance(actual, torch.Tensor)
-                and (actual.dtype == torch.float32 or overlapping)):
-            return m
-        what = "float32" if actual.dtype == torch.float32 else "overlapping-argument gradient"
-        self.cache.setdefault("precision-notes", []).append(
-            f"{name}: {what} differences within rounding level of the reference's own error "
-            "against float64 passed (a precision difference, not a wrong value)")
-        return None
-
-    def _magnitude(self, cot: int | Callable[[], OracleVJP | None] | None, group: Any,
-                   terms: float) -> Any:
-        """The lazy size of the terms a gradient for the cotangent ``cot`` sums, where the
-        oracle's own value can understate it, else None: an overlapping argument's summed
-        terms; the gradient for a random cotangent when the record's cotangent is one value
-        expanded (a constant cotangent through softmax or a normalisation cancels to exactly
-        0, which the implementation reaches only up to the rounding of terms of that size)."""
-        if cot is None or group is None:
-            return None
-        run = (lambda: self.oracle_vjp(cot)) if isinstance(cot, int) else cot
-        if terms > 1:
-            return lambda: _sized(run(), lambda v: v.terms(group))
-        if isinstance(cot, int) and self.cot_variant.kind == "expanded":
-            return lambda: _sized(run(), lambda v: v.probe(group))
-        return None
-
-    def oracle_vjp(self, n: int) -> OracleVJP | None:
-        """The oracle's run with cotangent ``n`` (1 or 2; random probes seeded from it), or
-        None when the oracle has no differentiated values."""
-        run = self.oracle()
-        outs = [run.values.get(name) for name, _, _ in self.pairing().pairs]
-        if run.side is None or not all(isinstance(o, torch.Tensor) and o.requires_grad
-                                       for o in outs):
-            return None
-        outs, given = defined(outs, self.cotangents()[n - 1])
-        return OracleVJP(self.template, run.side, outs, _cast(given, outs),
-                         self.cot_seed + 104729 * n)
-
-    def probe_magnitude(self, n: int, group: Any) -> torch.Tensor | None:
-        """The oracle's gradient w.r.t. ``group`` for random cotangents of cotangent ``n``'s
-        mean size, root mean square over three (:meth:`OracleVJP.probe`). None if unknown."""
-        return _sized(self.oracle_vjp(n), lambda v: v.probe(group))
-
-    def oracle_terms(self, n: int, group: Any) -> torch.Tensor | None:
-        """``sum |term|`` of the oracle's gradient for cotangent ``n`` per storage element of
-        an overlapping ``group`` (:meth:`OracleVJP.terms`)."""
-        return _sized(self.oracle_vjp(n), lambda v: v.terms(group))
-
-    def rounding_spread(self, name: str) -> torch.Tensor | None:
-        """How far rounding the reference's intermediates at float32's precision moves the
-        value ``name`` (a pairing name), per element: :func:`~equiv.execution.rounding.
-        rounding_spread` over fresh float64 copies of the example (four reference calls, cached,
-        only for a value the rule rejects without it). None when unknown."""
-        if "rounding" not in self.cache:
-            run, device = self.oracle(), self.place.ref_device or self.place.device
-            dtype = oracle_dtype(torch.float32, device)
-
-            def again() -> dict[str, Any] | None:
-                side = self.template.instantiate(grad=False, device=device, dtype=dtype)
-                rerun = reference_run(self.spec, self.ref_fn, side)
-                return None if rerun.why is not None else rerun.values
-
-            self.cache["rounding"] = {} if run.why is not None or dtype != torch.float64 \
-                else rounding_spread(again, run.values, self.cot_seed)
-        return self.cache["rounding"].get(name)
-
-    def gradient_spread(self, n: int, i: int) -> torch.Tensor | None:
-        """How far rounding the reference's intermediates, forward and backward, at float32's
-        precision moves its gradient w.r.t. pairing group ``i`` for cotangent ``n`` (1 or 2):
-        :func:`~equiv.execution.rounding.rounding_spread` over the float64 VJP on fresh copies
-        of the example (four reference calls and backwards per cotangent, cached, only for a
-        gradient the rule rejects without it). None when unknown."""
-        key = f"grad-rounding-{n}"
-        if key not in self.cache:
-            oracle, device = self.oracle_grads(n), self.place.ref_device or self.place.device
-            dtype = oracle_dtype(torch.float32, device)
-
-            def again() -> dict[str, Any] | None:
-                rerun = reference_run(self.spec, self.ref_fn,
-                                      self.template.instantiate(device=device, dtype=dtype))
-                grads = None if rerun.why is not None else self._run_grads(rerun, n)
-                return None if grads is None else {str(j): g for j, g in enumerate(grads)}
-
-            self.cache[key] = {} if oracle is None or dtype != torch.float64 else \
-                rounding_spread(again, {str(j): g for j, g in enumerate(oracle)},
-                                self.cot_seed + n)
-        return self.cache[key].get(str(i))
-
-    def oracle_why(self) -> str | None:
-        """Why the oracle cannot be used (the reference raised in float64), else None."""
-        return self.oracle().why
-
-    def finite_differences(self) -> tuple[Any, str | None]:
-        """The implementation's VJP against central differences of the reference in float64
-        (eight reference calls), for a reference that cannot differentiate: (FiniteDifference,
-        None), or (None, why not) -- why None when nothing is differentiated. Cached."""
-        if "finite-differences" not in self.cache:
-            self.cache["finite-differences"] = self._finite_differences()
-        return self.cache["finite-differences"]
-
-    def _finite_differences(self) -> tuple[Any, str | None]:
-        assert self.impl_side is not None
-        impl_values = named_values(self.impl_result, {a: self.impl_side.argument(a)
-                                                      for a in self.finals}, self.consumed)
-        ref_values = named_values(self.expected, self.finals, self.consumed)
-        plan = fd_plan(self.template, self.impl_side, impl_values, ref_values)
-        if plan is None:
-            big = fd_plan(self.template, self.impl_side, impl_values, ref_values, limit=None)
-            return None, None if big is None else (
-                f"the example has more than {FD_MAX_ELEMENTS} differentiable elements for "
-                "finite differences")
-        gen = torch.Generator().manual_seed(self.cot_seed)
-        cots = [cotangent(v, gen) for v in plan.impl_values]
-        grads, err = vjp(plan.impl_values, plan.impl_leaves, [c.clone() for c in cots])
-        if err is not None:
-            return None, f"the implementation's backward raised {type(err).__name__}"
-        fn = fd_reference(self.template, plan, self.ref_fn, lambda r: split(self.spec, r),
-                          self.device)
-        terms = fd_terms(self.template, plan, self.impl_side, cots)
-        try:
-            with isolated():
-                fd = fd_check(fn, plan, cots, grads, plan.impl_values[0].dtype,
-                              self.cot_seed, terms)
-        except BaseException as e:  # the reference raised in float64: no finite differences
-            if not user_error(e):
-                raise
-            return None, (f"finite differences failed (the reference raised "
-                          f"{type(e).__name__} in float64: {error_text(e)[:120]})")
-        if fd.nonfinite < 0 and _overflows(ref_values):
-            return None, ("the implementation's gradient is inf/NaN where the reference's "
-                          "float64 outputs are finite, but the reference's own outputs at the "
-                          "implementation's dtype are inf/NaN too (they overflow there)")
-        return fd, None
 
     def measure(self, which: str) -> Any:
         """Peak and retained bytes of one side over forward + backward on a fresh copy
@@ -832,16 +484,6 @@ class ContractRun:
     versions: list[int]
 
 
-def _cast(cots: list[torch.Tensor], outs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each cotangent detached, at its value's dtype and device (e.g. the oracle's float64)."""
-    return [c.detach().to(device=o.device, dtype=o.dtype) for c, o in zip(cots, outs)]
-
-
-def _sized(run: OracleVJP | None,
-           size: Callable[[OracleVJP], torch.Tensor | None]) -> torch.Tensor | None:
-    return None if run is None else size(run)
-
-
 def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
             place: Placement, costly: bool = True) -> Execution:
     """Run both sides once on ``example`` and build the record (see :class:`Execution`);
@@ -953,32 +595,6 @@ def cotangent_written(ex: Execution, b: Backward, n: int) -> list[tuple[str, str
     return out
 
 
-def _overflows(values: dict[str, Any]) -> bool:
-    """Some floating value holds inf or NaN."""
-    return any(isinstance(v, torch.Tensor) and v.dtype.is_floating_point
-               and not bool(torch.isfinite(v.detach()).all()) for v in values.values())
-
-
-def by_differences(ex: Execution) -> str | None:
-    """Why the first backward is judged only by finite differences of the reference (it cannot
-    differentiate: its backward raises, or its result has no autograd history), else None. A
-    second backward (a new cotangent, or double backward) then has nothing to be compared
-    with."""
-    pairing = ex.pairing()
-    if pairing.pairs:
-        err = ex.ref_grads(1)[1] if pairing.ok else None
-        return None if err is None else f"its backward raised {type(err).__name__}"
-    fd, _ = ex.finite_differences()
-    return None if fd is None else "its result has no autograd history"
-
-
-def fd_only_note(check: str, what: str, why: str) -> str:
-    """The note of a check of a second backward where only finite differences judge the first
-    (:func:`by_differences`)."""
-    return (f"{check} not compared: the reference cannot differentiate ({why}), and finite "
-            f"differences judge the first backward only ({what} was not checked)")
-
-
 def name_cotangent(ex: Execution, sink: Sink, first: int) -> None:
     """Add the line naming the cotangent layout (:meth:`Execution.cotangent_line`) to the
     details of ``sink.findings[first:]``."""
@@ -1014,8 +630,8 @@ def judge_run(ex: Execution, run: ContractRun, expected: Any, finals: dict[str, 
         mutated = template.groups[slot.group].mutated
         actual, want = run.side.tensors[j].detach(), target.tensors[j]
         if mutated:  # the record's verdict (the float64 oracle holds the example's own values)
-            m = ex.judge(slot.path, actual, want,
-                         oracle=None if shuffled else (lambda j=j: ex.oracle_state(j)))
+            m = ex.oracle.judge(slot.path, actual, want,
+                                oracle=None if shuffled else (lambda j=j: ex.oracle.state(j)))
         else:
             m = compare_leaf(actual, want, rtol=0, atol=0, path=slot.path, exact=True)
         if m is not None:
@@ -1040,7 +656,7 @@ def _judge_outputs(ex: Execution, result: Any, expected: Any, shuffled: bool) ->
         if not (isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor)):
             out += compare_trees(a, e, rtol=ex.spec.rtol, atol=ex.spec.atol, root=name)
             continue
-        m = ex.judge(name, a, e, oracle=None if shuffled else (lambda n=name: ex.oracle_value(n)))
+        m = ex.oracle.judge(name, a, e, oracle=None if shuffled else (lambda n=name: ex.oracle.value(n)))
         if m is not None:
             out.append(m)
     return out
