@@ -42,6 +42,7 @@ from equiv.checks import (
 from equiv.errors import EquivError, InternalError, error_text
 from equiv.examples import Template
 from equiv.execution.calls import isolated, leaves
+from equiv.execution.contract_runs import expected_error
 from equiv.execution.pairing import check_mutated
 from equiv.execution.record import Execution, Placement, Sink, execute
 from equiv.execution.suspect import FIX as SUSPECT_FIX
@@ -148,7 +149,7 @@ def _execute(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: ModeRun
     why = ex.rejection()
     if why is not None:  # both raised: the error contract is still checked
         _run_checks(cfg, ex, sink, kind)
-        if sink.findings or ex.expected_error():
+        if sink.findings or expected_error(ex):
             return Outcome(sink.findings, None, sink.notes, ex.template)
         return Outcome([], why, sink.notes, ex.template)
     _run_checks(cfg, ex, sink, kind)

@@ -13,7 +13,9 @@ from equiv._catalog import CATALOG
 from equiv.checks import no_grad, output_stability, state_across_calls
 from equiv.examples import Template
 from equiv.execution.calls import CHEAP_COTANGENT_ABOVE, cotangent
-from equiv.execution.record import UPDATE_PATHS, Sink, judge_run
+from equiv.execution.contract_runs import (UPDATE_PATHS, calls_across_updates, judge_run,
+                                           no_grad_run, shuffled_call)
+from equiv.execution.record import Sink
 
 from conftest import execution
 
@@ -327,7 +329,7 @@ def test_judge_run_copies_only_the_mutated_arguments():
 
     p, g = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
     ex = execution(sub_, p, g)
-    run = ex.no_grad_run("inputs")
+    run = no_grad_run(ex, "inputs")
     Template.instantiate = spy
     try:
         assert judge_run(ex, run, ex.expected, ex.finals) == []
@@ -377,11 +379,11 @@ def test_the_unshuffled_update_reads_views_of_the_drawn_values():
         return x.mul_(2)
 
     ex = execution(double_, torch.randn(4, dtype=torch.float64, requires_grad=True))
-    ex.shuffled_call()
+    shuffled_call(ex)
     Template.instantiate = spy
     steps = []
     try:
-        for s in ex.calls_across_updates():  # judged before the next update overwrites it
+        for s in calls_across_updates(ex):  # judged before the next update overwrites it
             steps.append(s.how)
             assert judge_run(ex, s.run, s.expected, s.finals, shuffled=s.shuffled) == []
     finally:

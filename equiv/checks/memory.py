@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from equiv.execution.record import Execution, Sink
 from equiv._schedule import Schedule
+from equiv.execution.contract_runs import measure, retained
 from equiv.execution.script import Script, replay
 from equiv.memory import memory_table
 
@@ -26,8 +27,8 @@ def run(ex: Execution, sink: Sink) -> None:
     if spec.max_memory_ratio is None and spec.max_retained_bytes is None:
         _default(ex, sink)
         return
-    impl = ex.measure("impl")
-    ref = ex.measure("ref")
+    impl = measure(ex, "impl")
+    ref = measure(ex, "ref")
     if impl is None or ref is None:
         return
     table = memory_table(impl, ref)
@@ -59,10 +60,10 @@ def run(ex: Execution, sink: Sink) -> None:
 def _default(ex: Execution, sink: Sink) -> None:
     if not ex.costly:
         return
-    impl = ex.retained("impl")
+    impl = retained(ex, "impl")
     if impl is None or impl.retained_bytes <= DEFAULT_MIN_BYTES:
         return
-    ref = ex.retained("ref")
+    ref = retained(ex, "ref")
     if ref is None or impl.retained_bytes <= DEFAULT_RATIO * ref.retained_bytes:
         return
     top, top_bytes = impl.retained_by[0] if impl.retained_by else ("?", impl.retained_bytes)

@@ -14,7 +14,8 @@ import torch
 
 from equiv.errors import error_text
 from equiv.execution.calls import format_tb, leaves, storage_key
-from equiv.execution.record import Execution, Sink, judge_run
+from equiv.execution.contract_runs import judge_run, no_grad_run
+from equiv.execution.record import Execution, Sink
 
 NAME = "no-grad"
 
@@ -26,7 +27,7 @@ _HOW = {"inputs": "with no input requiring grad", "no_grad": "under torch.no_gra
 
 def run(ex: Execution, sink: Sink) -> None:
     for how, words in _HOW.items():
-        r = ex.no_grad_run(how)
+        r = no_grad_run(ex, how)
         if r.exc is not None:
             sink.finding(NAME, f"the implementation raised {type(r.exc).__name__} {words}, "
                          "where it returns with inputs requiring grad.",

@@ -11,7 +11,8 @@ implementation."""
 
 from __future__ import annotations
 
-from equiv.execution.record import Execution, Sink, judge_run
+from equiv.execution.contract_runs import calls_across_updates, judge_run
+from equiv.execution.record import Execution, Sink
 
 NAME = "state-across-calls"
 
@@ -42,7 +43,7 @@ _HEADLINE = {
 
 
 def run(ex: Execution, sink: Sink) -> None:
-    for k, step in enumerate(ex.calls_across_updates()):
+    for k, step in enumerate(calls_across_updates(ex)):
         for what, m in judge_run(ex, step.run, step.expected, step.finals,
                                  shuffled=step.shuffled):
             if what.startswith("undeclared"):

@@ -4,25 +4,21 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
-from equiv._compat import tree_flatten
 from equiv._settings import settings as Settings
-from equiv.compare import Mismatch, align, compare_leaf, compare_trees
+from equiv.compare import Mismatch, align, compare_leaf
 from equiv.errors import InvalidArgument, error_text
 from equiv.examples import Args, Side, Template
 from equiv.execution.calls import call, cast_like, cotangent, detached_clone
-from equiv.execution.calls import isolated, user_error
 from equiv.execution.calls import leaves as leaves_of
 from equiv.execution.calls import defined, vjp
 from equiv.execution.graph import builtin_only, function_nodes
 from equiv.execution.oracle import Oracle
 from equiv.execution.pairing import Pairing, ReferenceError_, pair, split
 from equiv.execution.runs import ImplRun, impl_run
-from equiv.memory import measure, retained
-from equiv.modes import normalise_error
 from equiv.numerics import NumericMismatch
 from equiv.report import Finding
 from equiv.spec import Spec
@@ -139,6 +135,8 @@ class Execution:
     """
 
     kind = "recorded"
+    #: set by the runner's pipeline: this example was drawn from ``error_inputs=``
+    error_input = False
 
     def __init__(self, spec: Spec, cfg: Settings, cot_seed: int, place: Placement,
                  template: Template) -> None:
@@ -347,142 +345,6 @@ class Execution:
             self._backwards.append(Backward(grads, err, given, cot))
         return self._backwards[k - 1]
 
-    def measure(self, which: str) -> Any:
-        """Peak and retained bytes of one side over forward + backward on a fresh copy
-        (:func:`equiv.memory.measure`), or None when it raised."""
-        fn = self.spec.impl if which == "impl" else self.spec.ref
-        device = None if self.device == "cpu" else self.device
-        return measure(fn, self.template.instantiate(device=device), self.cot_seed)
-
-    # -- contract runs: errors, the no-grad path, state across calls --------------------------
-    #: set by the runner's pipeline: this example was drawn from ``error_inputs=``
-    error_input = False
-
-    def expected_error(self) -> bool:
-        """Both sides raised, on an ``error_inputs=`` example or with the declared ``raises=``
-        error (then the example is a checked pass, not invalid input)."""
-        r, i, spec = self.ref_exc, self.impl_exc, self.spec
-        if r is None or i is None:
-            return False
-        if self.error_input:
-            return True
-        return spec.raises is not None and isinstance(r, spec.raises) and isinstance(
-            i, spec.raises)
-
-    def no_grad_run(self, how: str) -> "ContractRun":
-        """The implementation on a fresh copy with no input requiring grad (``how="inputs"``),
-        or under ``torch.no_grad()`` (``how="no_grad"``)."""
-        side = self.side(grad=how != "inputs")
-        before = side.versions()
-        try:
-            with isolated():
-                if how == "no_grad":
-                    with torch.no_grad():
-                        result = side.call(self.impl_fn)
-                else:
-                    result = side.call(self.impl_fn)
-            return ContractRun(side, result, None, before)
-        except BaseException as e:  # the user's code raised: evidence, never a crash of equiv
-            if not user_error(e):
-                raise
-            return ContractRun(side, None, normalise_error(e), before)
-
-    def retained(self, which: str) -> Any:
-        """Bytes one side's forward graph keeps alive on a fresh copy, without the peak tracker
-        (:func:`equiv.memory.retained`), or None when it raised."""
-        fn = self.spec.impl if which == "impl" else self.spec.ref
-        return retained(fn, self.side())
-
-    def shuffled_call(self) -> tuple[Side, Any, BaseException | None]:
-        """The implementation on a fresh copy holding other values (every storage reversed),
-        called while the record's outputs are alive: (side, result, error). Cached: one run
-        serves every check that needs a second call on new values."""
-        if "shuffled-call" not in self.cache:
-            side = self.side(shuffled=True)
-            self.cache["shuffled-call"] = (side, *self.call("impl", side))
-        return self.cache["shuffled-call"]
-
-    def calls_across_updates(self) -> Iterator["UpdatedCall"]:
-        """Call the implementation, then on the same tensors write other values through each
-        of :data:`UPDATE_PATHS` in turn (under ``torch.no_grad()``; the values alternate
-        between every storage reversed and the example's own) and call it again. Yields one
-        :class:`UpdatedCall` per path, lazily (a caller that stops early saves the calls);
-        nothing more once a call raises or an update cannot be written."""
-        fresh, fresh_result, fresh_exc = self.shuffled_call()  # what it gives on new tensors
-        if fresh_exc is not None:
-            return
-        side = self.side()
-        _, exc = self.call("impl", side)
-        if exc is not None:
-            return
-        for k, how in enumerate(UPDATE_PATHS):
-            shuffled = k % 2 == 0
-            # the new values are only read, except by ``.data =``, which hands the side their
-            # storage: the example's own values come as read-only views where they can
-            copied = None if how == ".data =" else ()
-            try:
-                _update(side, self.side(shuffled=shuffled, grad=False, fresh=copied), how)
-            except RuntimeError:  # an expanded (self-overlapping) argument cannot be written
-                return
-            before = side.versions()
-            result, exc = self.call("impl", side)
-            if exc is not None:
-                return
-            if shuffled:
-                expected = fresh_result
-                finals = {a: fresh.argument(a) for a in self.spec.mutates}
-            else:
-                expected, finals = self.expected, self.finals
-            yield UpdatedCall(how, ContractRun(side, result, None, before), expected, finals,
-                              shuffled)
-
-
-#: how training loops write new weights into the tensors they pass, in the order tried:
-#: an optimizer step (``p.copy_(new)``, version bumped), a write through ``.data`` (EMA swaps,
-#: weight reloads: same storage, version not bumped), a new tensor assigned to ``.data`` (new
-#: storage, same tensor object; a view into a larger storage gets its values through
-#: ``.data.copy_`` instead)
-UPDATE_PATHS = ("copy_", ".data.copy_", ".data =")
-
-
-def _update(side: Side, new: Side, how: str) -> None:
-    """Write ``new``'s values into ``side``'s tensors the way ``how`` (one of
-    :data:`UPDATE_PATHS`) does."""
-    template = side.template
-    with torch.no_grad():
-        for g in template.groups:
-            if how == ".data =" and g.simple:  # every slot of a simple group is one tensor
-                side.tensors[g.slots[0]].data = new.tensors[g.slots[0]].detach()
-                continue
-            for j in g.slots:
-                t, v = side.tensors[j], new.tensors[j]
-                (t.copy_ if how == "copy_" else t.data.copy_)(v)
-
-
-@dataclasses.dataclass
-class UpdatedCall:
-    """A call of the implementation after its tensors were updated through ``how`` (one of
-    :data:`UPDATE_PATHS`), and what it must give: ``expected`` outputs and ``finals`` of mutated
-    arguments (``shuffled``: for the reversed values, from a call on fresh tensors; else the
-    reference's for the example)."""
-
-    how: str
-    run: "ContractRun"
-    expected: Any
-    finals: dict[str, Any]
-    shuffled: bool
-
-
-@dataclasses.dataclass
-class ContractRun:
-    """One more call of the implementation: its side, result or error, and the versions of
-    the side's tensors just before the call."""
-
-    side: Side
-    result: Any
-    exc: BaseException | None
-    versions: list[int]
-
 
 def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
             place: Placement, costly: bool = True) -> Execution:
@@ -606,57 +468,3 @@ def name_cotangent(ex: Execution, sink: Sink, first: int) -> None:
         sink.findings[i] = dataclasses.replace(f, details=f"{f.details}\n{line}".lstrip())
 
 
-def judge_run(ex: Execution, run: ContractRun, expected: Any, finals: dict[str, Any], *,
-              shuffled: bool = False) -> list[tuple[str, Mismatch]]:
-    """(what, mismatch) for each returned output of ``run`` that differs from ``expected`` and
-    each argument that does not hold what it must after the call: ``finals`` for mutated
-    arguments, the example's values (``shuffled``: the reversed ones) for the others."""
-    spec, template = ex.spec, ex.template
-    out: list[tuple[str, Mismatch]] = []
-    if not (run.result is None and ex.consumed):
-        out += [("output", m) for m in _judge_outputs(ex, run.result, expected, shuffled)]
-    written = {slot.group for slot in template.slots if slot.path.split("[")[0] in finals}
-    target = template.instantiate(grad=False, device=ex.device, shuffled=shuffled, fresh=written)
-    with torch.no_grad():
-        for arg, final in finals.items():
-            for t, f in zip(tree_flatten(target.argument(arg))[0], tree_flatten(final)[0]):
-                if isinstance(t, torch.Tensor) and isinstance(f, torch.Tensor):
-                    try:
-                        t.copy_(f.detach().to(device=t.device, dtype=t.dtype))
-                    except RuntimeError:  # an expanded argument: not comparable here
-                        pass
-    after = run.side.versions()
-    for j, slot in enumerate(template.slots):
-        mutated = template.groups[slot.group].mutated
-        actual, want = run.side.tensors[j].detach(), target.tensors[j]
-        if mutated:  # the record's verdict (the float64 oracle holds the example's own values)
-            m = ex.oracle.judge(slot.path, actual, want,
-                                oracle=None if shuffled else (lambda j=j: ex.oracle.state(j)))
-        else:
-            m = compare_leaf(actual, want, rtol=0, atol=0, path=slot.path, exact=True)
-        if m is not None:
-            out.append(("final value of mutated argument" if mutated else
-                        "undeclared write to argument", m))
-        elif not mutated and after[j] != run.versions[j]:
-            out.append(("undeclared write to argument", Mismatch(
-                slot.path, f"version counter {run.versions[j]} -> {after[j]}")))
-    return out
-
-
-def _judge_outputs(ex: Execution, result: Any, expected: Any, shuffled: bool) -> list[Mismatch]:
-    """Each returned leaf of another run judged like the forward check judges the record's (the
-    oracle only where the run saw the example's own values)."""
-    expected = cast_like(expected, result)
-    actual, wanted = leaves_of(result), leaves_of(expected)
-    if [p for p, _ in actual] != [p for p, _ in wanted]:
-        return compare_trees(result, expected, rtol=ex.spec.rtol, atol=ex.spec.atol)
-    out = []
-    for (p, a), (_, e) in zip(actual, wanted):
-        name = f"output{p}"
-        if not (isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor)):
-            out += compare_trees(a, e, rtol=ex.spec.rtol, atol=ex.spec.atol, root=name)
-            continue
-        m = ex.oracle.judge(name, a, e, oracle=None if shuffled else (lambda n=name: ex.oracle.value(n)))
-        if m is not None:
-            out.append(m)
-    return out
