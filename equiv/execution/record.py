@@ -1,5 +1,9 @@
 """The record of one example in one mode and device (:class:`Execution`), built by
-:func:`execute`, and :class:`Sink`, where checks put their findings and notes as data."""
+:func:`execute`, and :class:`Sink`, where checks put their findings and notes as data.
+
+The reference's runs that judge the record's values are its :class:`~equiv.execution.oracle.
+Oracle` (``ex.oracle``); the implementation's calls for its contracts are functions of the
+record in :mod:`equiv.execution.contract_runs`."""
 
 from __future__ import annotations
 
@@ -12,9 +16,8 @@ from equiv._settings import settings as Settings
 from equiv.compare import Mismatch, align, compare_leaf
 from equiv.errors import InvalidArgument, error_text
 from equiv.examples import Args, Side, Template
-from equiv.execution.calls import call, cast_like, cotangent, detached_clone
+from equiv.execution.calls import call, cast_like, cotangent, defined, detached_clone, vjp
 from equiv.execution.calls import leaves as leaves_of
-from equiv.execution.calls import defined, vjp
 from equiv.execution.graph import builtin_only, function_nodes
 from equiv.execution.oracle import Oracle
 from equiv.execution.pairing import Pairing, ReferenceError_, pair, split

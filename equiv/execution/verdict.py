@@ -139,7 +139,7 @@ def rounding_only(mismatches: list[Mismatch | None]) -> bool:
 # -- naming the differentiated values -------------------------------------------------------
 def named_values(result: Any, finals: dict[str, Any], consumed: bool) -> dict[str, Any]:
     """``{"output<path>": leaf, "final value of <arg><path>": leaf}`` of one side's result and
-    mutated arguments' final values (the names :class:`~equiv.execution.record.Pairing` uses)."""
+    mutated arguments' final values (the names :class:`~equiv.execution.pairing.Pairing` uses)."""
     out: dict[str, Any] = {}
     if not (result is None and consumed):
         out.update((f"output{p}", v) for p, v in leaves_of(result))
