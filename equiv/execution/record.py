@@ -27,6 +27,7 @@ from equiv.execution.verdict import (
     fd_check,
     fd_plan,
     fd_reference,
+    fd_impl_terms,
     fd_terms,
     judge_leaf,
     named_values,
@@ -820,6 +821,12 @@ class Execution:
             with isolated():
                 fd = fd_check(fn, plan, cots, grads, plan.impl_values[0].dtype,
                               self.cot_seed, terms)
+                if not fd.ok and fd.nonfinite >= 0:  # judged again at the impl's own rounding
+                    wider = fd_impl_terms(plan, terms, lambda: self._impl_vjp(plan, cots),
+                                          self.cot_seed)
+                    if wider is not None:
+                        fd = fd_check(fn, plan, cots, grads, plan.impl_values[0].dtype,
+                                      self.cot_seed, wider)
         except BaseException as e:  # the reference raised in float64: no finite differences
             if not user_error(e):
                 raise
@@ -830,6 +837,23 @@ class Execution:
                           "float64 outputs are finite, but the reference's own outputs at the "
                           "implementation's dtype are inf/NaN too (they overflow there)")
         return fd, None
+
+    def _impl_vjp(self, plan: Any, cots: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """The eager implementation's gradients per ``plan`` group for ``cots`` on a fresh
+        copy of the example (None if it raised)."""
+        side = self.template.instantiate(device=None if self.device == "cpu" else self.device)
+        result, exc = call(self.spec.impl, side)
+        if exc is not None:
+            return None
+        values = named_values(result, {a: side.argument(a) for a in self.finals},
+                              self.consumed)
+        outs = [values.get(n) for n in plan.names]
+        leaves = [side.leaves[g.index] for g in plan.groups]
+        if not all(isinstance(o, torch.Tensor) and o.requires_grad for o in outs) or \
+                any(leaf is None for leaf in leaves):
+            return None
+        grads, err = vjp(outs, leaves, [c.clone() for c in cots])
+        return None if err is not None else grads
 
     def measure(self, which: str) -> Any:
         """Peak and retained bytes of one side over forward + backward on a fresh copy
