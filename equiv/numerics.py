@@ -224,17 +224,21 @@ def _errors(actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor |
     the implementation's value equals the oracle's or the baseline's (NaN equal to NaN), inf
     otherwise; the baseline's own non-finite elements are left out of its error."""
     a, o = _to64(actual), _to64(oracle)
-    fin = torch.isfinite(a) & torch.isfinite(o)
-    diff = torch.where(fin, (a - o).abs(), torch.zeros((), dtype=torch.float64))
+    diff = (a - o).abs()  # finite exactly where both are
+    b = None if baseline is None else _to64(baseline)
+    b_err = None if b is None else (b - o).abs()
+    if bool(torch.isfinite(diff).all()) and (b_err is None or bool(torch.isfinite(b_err).all())):
+        return diff, None if b_err is None else (float(b_err.max()) if b_err.numel() else 0.0)
+    fin = torch.isfinite(diff)
+    diff = torch.where(fin, diff, torch.zeros((), dtype=torch.float64))
     ok = _same_nonfinite(a, o)
-    if baseline is None:
+    if b is None:
         return torch.where(fin | ok, diff, math.inf), None
-    b = _to64(baseline)
     if baseline_nonfinite:
         ok = ok | _same_nonfinite(a, b)
     diff = torch.where(fin | ok, diff, math.inf)
-    b_fin = torch.isfinite(b) & torch.isfinite(o)
-    b_err = torch.where(b_fin, (b - o).abs(), torch.zeros((), dtype=torch.float64))
+    assert b_err is not None
+    b_err = torch.where(torch.isfinite(b_err), b_err, torch.zeros((), dtype=torch.float64))
     return diff, float(b_err.max()) if b_err.numel() else 0.0
 
 
