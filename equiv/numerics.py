@@ -67,9 +67,8 @@ def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     ``|x|`` in ``[2**(e-1), 2**e)``, the subnormal spacing below the smallest normal."""
     fi = torch.finfo(_real(dtype))
     a = x.detach().abs().to(torch.float64)
-    _, e = torch.frexp(a)
-    spacing = torch.ldexp(torch.full_like(a, fi.eps), e - 1)
-    return torch.where(a < fi.tiny, torch.full_like(a, fi.tiny * fi.eps), spacing)
+    spacing = torch.frexp(a)[1].sub_(1).to(torch.float64).exp2_().mul_(fi.eps)
+    return spacing.masked_fill_(a < fi.tiny, fi.tiny * fi.eps)
 
 
 def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -224,17 +223,21 @@ def _errors(actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor |
     the implementation's value equals the oracle's or the baseline's (NaN equal to NaN), inf
     otherwise; the baseline's own non-finite elements are left out of its error."""
     a, o = _to64(actual), _to64(oracle)
-    fin = torch.isfinite(a) & torch.isfinite(o)
-    diff = torch.where(fin, (a - o).abs(), torch.zeros((), dtype=torch.float64))
+    diff = (a - o).abs()  # finite exactly where both are
+    b = None if baseline is None else _to64(baseline)
+    b_err = None if b is None else (b - o).abs()
+    if bool(torch.isfinite(diff).all()) and (b_err is None or bool(torch.isfinite(b_err).all())):
+        return diff, None if b_err is None else (float(b_err.max()) if b_err.numel() else 0.0)
+    fin = torch.isfinite(diff)
+    diff = torch.where(fin, diff, torch.zeros((), dtype=torch.float64))
     ok = _same_nonfinite(a, o)
-    if baseline is None:
+    if b is None:
         return torch.where(fin | ok, diff, math.inf), None
-    b = _to64(baseline)
     if baseline_nonfinite:
         ok = ok | _same_nonfinite(a, b)
     diff = torch.where(fin | ok, diff, math.inf)
-    b_fin = torch.isfinite(b) & torch.isfinite(o)
-    b_err = torch.where(b_fin, (b - o).abs(), torch.zeros((), dtype=torch.float64))
+    assert b_err is not None
+    b_err = torch.where(torch.isfinite(b_err), b_err, torch.zeros((), dtype=torch.float64))
     return diff, float(b_err.max()) if b_err.numel() else 0.0
 
 
@@ -291,18 +294,20 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
                          f"{tuple(oracle.shape)}; compare structure before judging numerics")
     if actual.numel() == 0:
         return None
-    diff, e_b, allowed, ulp_floor, floor, spread = _allowance(
+    diff, e_b, allowed = _allowance(
         actual, oracle, baseline, k=k, floor_ulps=floor_ulps, dtype=dtype,
         baseline_nonfinite=baseline_nonfinite, magnitude=magnitude, rounding=rounding,
         default_floor=default_floor)
     bad = diff > allowed
     if not bool(bad.any()):
         return None
-    flat, index = _worst(diff - allowed)
-    at = dict(allowed=float(allowed.reshape(-1)[flat]), floor=float(ulp_floor.reshape(-1)[flat]),
-              floor_at=float(floor.reshape(-1)[flat]),
-              spread=None if spread is None else float(spread.reshape(-1)[flat]))
-    del allowed, ulp_floor, floor, spread
+    flat, index = _worst(allowed.neg_().add_(diff))  # diff - allowed, in place
+    ulp_floor, floor_at = _floors_at(flat, oracle, magnitude, rounding, floor_ulps=floor_ulps,
+                                     dtype=dtype, default_floor=default_floor)
+    at = dict(allowed=float(diff.reshape(-1)[flat]) - float(allowed.reshape(-1)[flat]),
+              floor=ulp_floor, floor_at=floor_at,
+              spread=None if rounding is None else float(_to64(rounding).reshape(-1)[flat]))
+    del allowed
     full = explaining()  # the numbers only a reported failure shows
     u_max, u_p99 = _ulp_stats(diff, oracle, dtype, p99=full)
     b_ulp = None if baseline is None else _ulp_stats(_errors(baseline, oracle, None)[0], oracle,
@@ -329,7 +334,7 @@ def rejects(actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor |
     mismatch."""
     if actual.numel() == 0:
         return False
-    diff, _e, allowed, *_rest = _allowance(
+    diff, _e, allowed = _allowance(
         actual, oracle, baseline, k=k, floor_ulps=floor_ulps, dtype=dtype or actual.dtype,
         baseline_nonfinite=baseline_nonfinite, magnitude=magnitude, rounding=rounding,
         default_floor=default_floor)
@@ -339,27 +344,50 @@ def rejects(actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor |
 def _allowance(actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor | None, *,
                k: float, floor_ulps: float, dtype: torch.dtype, baseline_nonfinite: bool,
                magnitude: torch.Tensor | None, rounding: torch.Tensor | None,
-               default_floor: bool) -> tuple[torch.Tensor, float | None, torch.Tensor,
-                                             torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(|actual - oracle|, the baseline's error, the allowance, the ULP floor, the floor, the
-    rounding spread), per element (see :func:`judge`)."""
+               default_floor: bool) -> tuple[torch.Tensor, float | None, torch.Tensor]:
+    """(|actual - oracle|, the baseline's error, the allowance) per element (see :func:`judge`;
+    :func:`_floors` gives the floors at one element)."""
     diff, e_b = _errors(actual, oracle, baseline, baseline_nonfinite)
+    _, allowed = _floors(oracle, magnitude, rounding, floor_ulps=floor_ulps, dtype=dtype,
+                         default_floor=default_floor)
+    if default_floor or baseline is None:
+        return diff, e_b, allowed.add_(k * (e_b or 0.0))
+    # in ULPs at each element: k x the baseline's worst ULP distance (wide ranges)
+    o_abs = torch.nan_to_num(_to64(oracle).abs(), posinf=0.0)
+    b_ulps = float(torch.nan_to_num(_errors(baseline, oracle, None)[0] / ulp(o_abs, dtype),
+                                    nan=0.0, posinf=0.0).max())
+    scale = o_abs if magnitude is None else torch.maximum(o_abs, _to64(magnitude).reshape(
+        o_abs.shape))
+    return diff, e_b, allowed.add_(ulp(scale, dtype).mul_(k * b_ulps))
+
+
+def _floors(oracle: torch.Tensor, magnitude: torch.Tensor | None,
+            rounding: torch.Tensor | None, *, floor_ulps: float, dtype: torch.dtype,
+            default_floor: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the ULP floor, the floor) per element: ``floor_ulps`` ULPs of the larger of
+    ``|oracle|`` and ``magnitude`` (at least ``floor_ulps`` x the rounding spread), and that or
+    the per-dtype default on ``|oracle|`` when ``default_floor``. Computed in place: three
+    float64 temporaries at most."""
     o_abs = torch.nan_to_num(_to64(oracle).abs(), posinf=0.0)
     scale = o_abs if magnitude is None else torch.maximum(o_abs, _to64(magnitude).reshape(
         o_abs.shape))
-    ulp_floor = floor_ulps * ulp(scale, dtype)
-    spread = None if rounding is None else _to64(rounding).reshape(o_abs.shape)
-    if spread is not None:
-        ulp_floor = torch.maximum(ulp_floor, floor_ulps * spread)
+    ulp_floor = ulp(scale, dtype).mul_(floor_ulps)
+    del scale
+    if rounding is not None:
+        torch.maximum(ulp_floor, _to64(rounding).reshape(o_abs.shape) * floor_ulps,
+                      out=ulp_floor)
     rtol, atol = dtype_tolerance(dtype) if default_floor else (0.0, 0.0)
-    floor = torch.maximum(atol + rtol * o_abs, ulp_floor)
-    if default_floor or baseline is None:
-        allowed = k * (e_b or 0.0) + floor
-    else:  # in ULPs at each element: k x the baseline's worst ULP distance (wide ranges)
-        b_ulps = float(torch.nan_to_num(_errors(baseline, oracle, None)[0] / ulp(o_abs, dtype),
-                                        nan=0.0, posinf=0.0).max())
-        allowed = k * b_ulps * ulp(scale, dtype) + floor
-    return diff, e_b, allowed, ulp_floor, floor, spread
+    floor = o_abs.mul_(rtol).add_(atol)
+    return ulp_floor, torch.maximum(floor, ulp_floor, out=floor)
+
+
+def _floors_at(flat: int, oracle: torch.Tensor, magnitude: torch.Tensor | None,
+               rounding: torch.Tensor | None, **options: Any) -> tuple[float, float]:
+    """:func:`_floors` at one element (row-major index ``flat``)."""
+    def one(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.reshape(-1)[flat:flat + 1]
+    ulp_floor, floor = _floors(one(oracle), one(magnitude), one(rounding), **options)
+    return float(ulp_floor), float(floor)
 
 
 def _nonfinite(v: torch.Tensor) -> str | None:

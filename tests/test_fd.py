@@ -89,6 +89,64 @@ def test_a_softmax_backward_off_by_one_percent_still_fails_against_numpy():
     assert "rounding of the gradient's terms" in f.details
 
 
+def _var_np(a):
+    return a.var(-1)
+
+
+class _Var(torch.autograd.Function):
+    """Population variance over the last dim with a chosen backward formula."""
+    mean = "float32"
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.var(x, -1, correction=0)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        n = x.shape[-1]
+        if _Var.mean == "missing":
+            return g[..., None] * 2 * x / n
+        mean = x.mean(-1, keepdim=True) if _Var.mean == "float32" else \
+            x.bfloat16().mean(-1, keepdim=True).float()
+        return g[..., None] * 2 * (x - mean) / n
+
+
+def _var_spec(mean: str | None):
+    # rows constant along the variance's dim (expanded, stride 0): the gradient is exactly 0
+    # in float64; float32 rounds x - mean(x), so a correct kernel returns ~eps * |x| per row
+    rows = st.tuples(tensors(shape=(4, 129), dtype=torch.float32, requires_grad=True,
+                             layout=Layout("expanded", dim=1), elements=st.floats(-3, 3)))
+
+    @equivalent_to(_numpy(_var_np), inputs=rows, name=f"var_{mean}")
+    def var(x):
+        if mean is None:
+            return torch.var(x, -1, correction=0)
+        _Var.mean = mean
+        return _Var.apply(x)
+
+    return var
+
+
+def test_float32_var_of_constant_rows_passes_at_its_own_rounding():
+    """x - mean(x) cancels inside the implementation's backward: the allowance is the spread of
+    its gradient with each intermediate moved by one float32 rounding."""
+    for mean in (None, "float32"):
+        report = check(_var_spec(mean), settings=FAST, raise_on_failure=False)
+        assert report.ok, report.findings[:1]
+
+
+def test_a_var_backward_missing_the_mean_still_fails_on_constant_rows():
+    _fd_finding(check(_var_spec("missing"), settings=FAST, raise_on_failure=False))
+
+
+def test_a_var_backward_taking_the_mean_in_bfloat16_still_fails():
+    """The perturbation is one float32 rounding: a bfloat16 intermediate is not widened to its
+    own (coarser) rounding."""
+    _fd_finding(check(_var_spec("bfloat16"), settings=FAST, raise_on_failure=False))
+
+
 def _softsign_np(a):
     return a / (1 + np.abs(a))
 

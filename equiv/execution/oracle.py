@@ -14,7 +14,7 @@ import torch
 from equiv.compare import Mismatch
 from equiv.errors import error_text
 from equiv.examples import Side, Template
-from equiv.execution.calls import cotangent, defined, isolated, user_error, vjp
+from equiv.execution.calls import call, cotangent, defined, isolated, user_error, vjp
 from equiv.execution.pairing import RefRun, ReferenceError_, reference_run, split
 from equiv.execution.rounding import rounding_spread
 from equiv.execution.state import state_with
@@ -23,6 +23,7 @@ from equiv.execution.verdict import (
     OracleVJP,
     fd_check,
     fd_plan,
+    fd_impl_terms,
     fd_reference,
     fd_terms,
     judge_leaf,
@@ -395,6 +396,12 @@ def _finite_differences(ex: Execution) -> tuple[Any, str | None]:
         with isolated():
             fd = fd_check(fn, plan, cots, grads, plan.impl_values[0].dtype,
                           ex.cot_seed, terms)
+            if not fd.ok and fd.nonfinite >= 0:  # judged again at the impl's own rounding
+                wider = fd_impl_terms(plan, terms, lambda: _impl_vjp(ex, plan, cots),
+                                      ex.cot_seed)
+                if wider is not None:
+                    fd = fd_check(fn, plan, cots, grads, plan.impl_values[0].dtype,
+                                  ex.cot_seed, wider)
     except BaseException as e:  # the reference raised in float64: no finite differences
         if not user_error(e):
             raise
@@ -405,6 +412,23 @@ def _finite_differences(ex: Execution) -> tuple[Any, str | None]:
                       "float64 outputs are finite, but the reference's own outputs at the "
                       "implementation's dtype are inf/NaN too (they overflow there)")
     return fd, None
+
+
+def _impl_vjp(ex: Execution, plan: Any, cots: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """The eager implementation's gradients per ``plan`` group for ``cots`` on a fresh
+    copy of the example (None if it raised)."""
+    side = ex.template.instantiate(device=None if ex.device == "cpu" else ex.device)
+    result, exc = call(ex.spec.impl, side)
+    if exc is not None:
+        return None
+    values = named_values(result, {a: side.argument(a) for a in ex.finals}, ex.consumed)
+    outs = [values.get(n) for n in plan.names]
+    leaves = [side.leaves[g.index] for g in plan.groups]
+    if not all(isinstance(o, torch.Tensor) and o.requires_grad for o in outs) or \
+            any(leaf is None for leaf in leaves):
+        return None
+    grads, err = vjp(outs, leaves, [c.clone() for c in cots])
+    return None if err is not None else grads
 
 
 def _cast(cots: list[torch.Tensor], outs: list[torch.Tensor]) -> list[torch.Tensor]:

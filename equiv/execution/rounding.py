@@ -14,6 +14,7 @@ decomposition, so its intermediates are perturbed too.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -47,7 +48,8 @@ _EXACT = frozenset((
 
 class _Perturbed(TorchDispatchMode):
     """Every floating result of an arithmetic op multiplied by ``1 + rel * r``, ``r`` uniform in
-    ``[-1, 1]`` per element, drawn from ``gen`` (``rel == 0``: the same run, unperturbed)."""
+    ``[-1, 1]`` per element, drawn from ``gen`` (``rel == 0``: the same run, unperturbed); a
+    result below float64 moved by one ULP instead (:meth:`_moved`)."""
 
     def __init__(self, rel: float, gen: torch.Generator) -> None:
         super().__init__()
@@ -68,12 +70,27 @@ class _Perturbed(TorchDispatchMode):
         out = func(*args, **kwargs)
         if self.rel == 0:
             return out
+        summed = _summed(name, args, out)
         if mutable:  # in place or out=: the written tensor holds the result
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 if _floating(t):
-                    t.mul_(self._factor(t))
+                    t.copy_(self._moved(t, summed))
             return out
-        return tree_map(lambda t: self._factor(t).mul_(t) if _floating(t) else t, out)
+        return tree_map(lambda t: self._moved(t, summed) if _floating(t) else t, out)
+
+    def _moved(self, t: torch.Tensor, summed: float = 1.0) -> torch.Tensor:
+        """``t`` times ``1 + rel * r`` in float64 (and complex); below float64, where that
+        product mostly rounds back to ``t``, ``sqrt(summed)`` ULPs of ``t``'s dtype up or down
+        at random per element (the roundings of a reduction over ``summed`` terms add up): a
+        new tensor. A dtype coarser than ``rel`` (a bfloat16 intermediate of a float32 run) is
+        left alone: its own rounding is not the precision the run is judged at."""
+        if t.dtype == torch.float64 or t.is_complex():
+            return self._factor(t).mul_(t)
+        if torch.finfo(t.dtype).eps > self.rel * 1.001:  # coarser than the simulated rounding
+            return t
+        sign = (torch.rand(t.shape, generator=self.gen) < 0.5).to(t.device, t.dtype) * 2 - 1
+        step = torch.nextafter(t, torch.full_like(t, float("inf"))) - t
+        return torch.where(torch.isfinite(step), t + step * sign * math.sqrt(summed), t)
 
     def _decomposed(self, func: Any, args: Any, kwargs: Any) -> Any:
         self.inside.add(func)
@@ -87,6 +104,34 @@ class _Perturbed(TorchDispatchMode):
         """``1 + rel * r`` per element of ``t``, a new tensor (computed in place: one copy)."""
         r = torch.rand(t.shape, generator=self.gen, dtype=torch.float64)
         return r.mul_(2).sub_(1).mul_(self.rel).add_(1).to(device=t.device, dtype=t.dtype)
+
+
+#: aten ops that sum over their inputs: the inner length of a product, the reduced elements
+_PRODUCTS = frozenset(("mm", "bmm", "matmul", "mv", "dot", "vdot"))
+_ADDED_PRODUCTS = frozenset(("addmm", "baddbmm", "addbmm", "addmv"))
+_REDUCTIONS = frozenset(("sum", "mean", "nansum", "nanmean", "prod", "var", "std", "var_mean",
+                         "std_mean", "norm", "linalg_vector_norm", "logsumexp", "cumsum",
+                         "cumprod", "_softmax", "_log_softmax", "softmax", "log_softmax"))
+
+
+def _summed(name: str, args: Any, out: Any) -> float:
+    """How many terms each element of an op's result sums (1 for elementwise ops): the inner
+    length of a matrix product, else the input's elements per result element of a
+    reduction."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if name in _PRODUCTS and tensors and tensors[0].dim():
+        return float(tensors[0].shape[-1])
+    if name in _ADDED_PRODUCTS and len(tensors) > 1 and tensors[1].dim():
+        return float(tensors[1].shape[-1])
+    if name in _REDUCTIONS and tensors:
+        first = out[0] if isinstance(out, (tuple, list)) else out
+        if isinstance(first, torch.Tensor) and name not in ("cumsum", "cumprod", "_softmax",
+                                                             "_log_softmax", "softmax",
+                                                             "log_softmax"):
+            return max(tensors[0].numel() / max(first.numel(), 1), 1.0)
+        dim = args[1] if len(args) > 1 and isinstance(args[1], int) else -1
+        return float(tensors[0].shape[dim]) if tensors[0].dim() else 1.0
+    return 1.0
 
 
 def _same(a: torch.Tensor, b: Any, spread: torch.Tensor | None = None) -> bool:
@@ -106,8 +151,9 @@ def _floating(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.numel() > 0
 
 
-def rounding_spread(run: Callable[[], dict[str, Any] | None], oracle: dict[str, Any], seed: int,
-                    rel: float = COMPUTE_EPS, probes: int = PROBES) -> dict[str, torch.Tensor]:
+def rounding_spread(run: Callable[[], dict[str, Any] | None], oracle: dict[str, Any] | None,
+                    seed: int, rel: float = COMPUTE_EPS,
+                    probes: int = PROBES) -> dict[str, torch.Tensor]:
     """Per compared value (by name), the root mean square over ``probes`` runs of how far
     perturbing every intermediate by ``rel`` moves it (float64, absolute). ``run()`` calls the
     reference once on a fresh float64 copy and returns its values by name (None: it raised);
@@ -122,6 +168,7 @@ def rounding_spread(run: Callable[[], dict[str, Any] | None], oracle: dict[str, 
     if not base:
         return {}
     floating = {n: b for n, b in base.items() if _floating(b)}
+    oracle = floating if oracle is None else oracle
     strict = all(_same(b, oracle.get(n)) for n, b in floating.items())
     if not strict and not all(isinstance(oracle.get(n), torch.Tensor) for n in floating):
         return {}

@@ -23,6 +23,7 @@ from equiv.errors import user_error
 from equiv.examples import Side, Template
 from equiv.execution.calls import cotangent, vjp
 from equiv.execution.calls import leaves as leaves_of
+from equiv.execution.rounding import rounding_spread
 from equiv.numerics import FLOOR_ULPS_DEFAULTS, K_DEFAULTS, FiniteDifference, NumericMismatch, check_vjp_fd
 from equiv.numerics import judge as judge_numbers
 from equiv.numerics import oracle_disagreement, oracle_dtype, rejects
@@ -233,6 +234,42 @@ def fd_terms(template: Template, plan: FDPlan, side: Side,
             t = None
         out.append(None if t is None or t.numel() != leaf.numel() else t.reshape(leaf.shape))
     return out
+
+
+def fd_impl_terms(plan: FDPlan, terms: list[torch.Tensor | None],
+                  rerun: Callable[[], list[torch.Tensor] | None],
+                  seed: int) -> list[torch.Tensor | None] | None:
+    """``terms`` raised to where the implementation's own rounding puts each gradient element:
+    :func:`~equiv.execution.rounding.rounding_spread` of its VJP (``rerun()``: forward and
+    backward on a fresh copy, the gradients per planned group; None if it raised) with every
+    intermediate perturbed by one rounding of its dtype, as a size whose ``ulps`` ULPs
+    (:func:`check_vjp_fd`) are that many times the spread. A gradient that cancels inside the
+    implementation's own formula (``2 (x - mean) / N`` of a constant row: exactly 0 in float64,
+    one rounding of ``x`` in float32) is judged at that rounding. None when it cannot be taken
+    (the implementation computes outside torch's dispatcher, or is not repeatable)."""
+    dtype = plan.impl_leaves[0].dtype
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else torch.finfo(torch.float32).eps
+
+    def again() -> dict[str, Any] | None:
+        grads = rerun()
+        return None if grads is None else {str(j): g for j, g in enumerate(grads)}
+
+    spread = rounding_spread(again, None, seed, rel=eps)
+    if not spread:
+        return None
+    out: list[torch.Tensor | None] = []
+    for j, (leaf, t) in enumerate(zip(plan.impl_leaves, terms)):
+        s = spread.get(str(j))
+        if s is None or s.numel() != leaf.numel():
+            out.append(t)
+            continue
+        size = s.reshape(leaf.shape) / eps
+        out.append(size if t is None else torch.maximum(_as64(t), size))
+    return out
+
+
+def _as64(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", torch.float64)
 
 
 def fd_message(fd: FiniteDifference) -> str:
