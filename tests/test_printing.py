@@ -136,14 +136,37 @@ def test_a_compiled_modes_timeline_says_it_is_an_eager_replay():
             "the compile[aot_eager] graph are not recorded):") in compiled
 
 
-def test_elided_values_point_at_the_reproduce_line():
-    """Past 4096 elements the printed code draws new values: it says which line replays the
-    failing ones."""
-    def f(x):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool])
+def test_values_over_4096_elements_are_loaded_from_a_named_file(dtype, tmp_path):
+    """Past 4096 elements the code loads the exact values from a .pt file it names, written
+    into the report's folder; views, offsets and the same tensor in two slots survive."""
+    from equiv import _values
+
+    def g(x, y, z):
         return x
 
-    t = Template(inspect.signature(f), Args(torch.arange(5000.0)))
-    assert "the Reproduce line replays them" in t.code("f")
+    base = torch.randn(90, 60, dtype=torch.float64).to(dtype)
+    if dtype.is_floating_point:
+        base[0, 0], base[0, 1] = float("nan"), -0.0
+    x, y = base.t(), base[1:, 3:]
+    with _values.example_directory(str(tmp_path)):
+        code = Template(inspect.signature(g), Args(x, y, x)).code("g")
+    files = list(tmp_path.glob("equiv-example-*.pt"))
+    assert len(files) == 1 and f"torch.load({str(files[0])!r})" in code, code
+    assert "randn" not in code and "elided" not in code
+    scope: dict = {"g": lambda *a: scope.__setitem__("got", a)}
+    exec(code, scope)
+    gx, gy, gz = scope["got"]
+    assert gz is gx and storage_id(gx) == storage_id(gy)
+    for got, want in ((gx, x), (gy, y)):
+        assert got.shape == want.shape and got.stride() == want.stride()
+        assert got.storage_offset() == want.storage_offset()
+        assert torch.equal(_bits(got), _bits(want))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous().view(-1)
+    return t if t.dtype == torch.bool else t.view(torch.uint8)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64,
