@@ -334,12 +334,12 @@ class _ModeDriver:
         #: signals raised while Hypothesis searched and shrank: it keeps each in its cache of
         #: results, so their frames (the example, the record) are cleared once it caught them
         self.searching: list[tuple[_Found, Any]] = []
-        #: the ``.pt`` files of the printed code of each check's latest failing example
-        self.files: dict[str, dict[str, torch.Tensor]] = {}
+        #: the ``.pt`` files of the printed code of each check's latest failing examples
+        self.files: dict[str, list[dict[str, torch.Tensor]]] = {}
 
     def write_files(self, findings: list[Finding]) -> None:
         """Write the ``.pt`` files that the printed code of ``findings`` loads."""
-        files = {path: values for by_path in self.files.values()
+        files = {path: values for latest in self.files.values() for by_path in latest
                  for path, values in by_path.items()}
         _values.write({path: values for path, values in files.items()
                        if any(repr(path) in f.example_code for f in findings)})
@@ -418,8 +418,9 @@ class _ModeDriver:
         code = own_code(args, stash) if own_code else (
             template.code(name, imports, check=bool(imports) and not imports[0].startswith("#"),
                           stash=stash) if template else "")
-        if outcome.findings:
-            self.files[outcome.findings[0].check] = stash.files
+        if outcome.findings and stash.files:  # the last few: the final one is among them
+            latest = self.files.setdefault(outcome.findings[0].check, [])
+            latest[:] = latest[-3:] + [stash.files]
         reproduce = (f"equiv.check({name}, seed={self.run_seed})" if self.run_seed is not None
                      else f"equiv.check({name}) with the same profile ({self.cfg.profile}: "
                      "derandomized)")

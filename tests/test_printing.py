@@ -189,3 +189,29 @@ def test_values_over_64_elements_are_rebuilt_exactly(dtype):
         t = t.contiguous().view(-1)
         return t if t.dtype == torch.bool else t.view(torch.uint8)
     assert torch.equal(bits(got), bits(x.t()))
+
+
+def _rowsum_ref(x):
+    return x.sum(-1)
+
+
+@equiv.equivalent_to(_rowsum_ref, variants=(), examples=[(torch.arange(5000.0).reshape(50, 100),)])
+def rowsum_large(x):
+    """Wrong where a value exceeds 4900 (only the example's own values show it)."""
+    return x.sum(-1) + bool((x > 4900).any()) * 1.0
+
+
+def test_check_writes_the_big_example_where_its_code_loads_it(tmp_path):
+    """equiv.check without a report: the .pt file goes to the folder in effect (here a given
+    one; by default <tempdir>/equiv-examples) and the printed code, run, raises the finding."""
+    from equiv import _values
+
+    with _values.example_directory(str(tmp_path)):
+        report = equiv.check(rowsum_large, modes=("eager",), max_examples=1,
+                             raise_on_failure=False)
+    code = report.findings[0].example_code
+    saved = list(tmp_path.glob("equiv-example-*.pt"))
+    assert len(saved) == 1 and f"torch.load({str(saved[0])!r})" in code, code
+    with pytest.raises(equiv.OutputMismatch, match="differs from the reference"):
+        exec(code, {})
+    assert _values.directory().endswith("equiv-examples")
