@@ -341,8 +341,11 @@ class _ModeDriver:
         """Write the ``.pt`` files that the printed code of ``findings`` loads."""
         files = {path: values for latest in self.files.values() for by_path in latest
                  for path, values in by_path.items()}
-        _values.write({path: values for path, values in files.items()
-                       if any(repr(path) in f.example_code for f in findings)})
+        try:
+            _values.write({path: values for path, values in files.items()
+                           if any(repr(path) in f.example_code for f in findings)})
+        except OSError as e:  # the reproduction then names a file that is not there
+            self.notes.append(f"a printed reproduction's values could not be saved: {e}")
         self.files.clear()
 
     def release(self) -> None:
