@@ -87,6 +87,7 @@ class _State:
         self.html_path: str | None = opt("equiv_html")
         self.is_worker = workerinput is not None
         self.previous: Any = None  # settings state before this session applied its options
+        self.pushed_directory = False  # the report's folder is where .pt examples go
         self.header_shown = False
         self.results: list[dict[str, Any]] = []
 
@@ -129,6 +130,12 @@ class _State:
         elif not derandomized:
             overrides["seed"] = self.seed
         self.previous = settings._push_session(self.profile, **overrides)
+        report = self.report_path or self.html_path
+        if report:  # the .pt files of printed reproductions go beside the report
+            from equiv import _values
+
+            _values.push_directory(os.path.dirname(os.path.abspath(report)))
+            self.pushed_directory = True
 
     def effective(self) -> Any:
         self.apply()
@@ -223,6 +230,11 @@ def pytest_unconfigure(config: Any) -> None:
 
         settings._pop_session(state.previous)
         state.previous = None
+    if state is not None and state.pushed_directory:
+        from equiv import _values
+
+        _values.pop_directory()
+        state.pushed_directory = False
 
 
 class _XdistHooks:

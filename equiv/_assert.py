@@ -45,6 +45,7 @@ def assert_equivalent(impl: Callable[..., Any], *args: Any, **kwargs: Any) -> Re
             found = _Found(findings, example, 0)
             findings = _write_only_read(spec, cfg, state, device, found,
                                         driver._described(outcome, NO_VARIANT, example))
+            driver.write_files(findings)
     name = getattr(spec.impl, "__name__", spec.name)
     findings = [_with(f, reproduce=f"equiv.assert_equivalent({name}, ...) on this example")
                 for f in findings]

@@ -376,6 +376,7 @@ def _list(specs: list[Any], out: TextIO) -> None:
 
 def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO) -> int:
     import equiv
+    from equiv import _values
     from equiv._results import LABELS, document, linked, nothing_ran
 
     cfg = equiv.settings.default()
@@ -387,8 +388,10 @@ def _check(args: argparse.Namespace, specs: list[Any], out: TextIO, err: TextIO)
     results: list[Any] = []
     interrupted = False
     pid = os.getpid()
-    try:
-        _run_tasks(tasks, results, args, err)
+    report = args.json or args.html
+    try:  # the .pt files of printed reproductions go beside the report
+        with _values.example_directory(os.path.dirname(report) if report else None):
+            _run_tasks(tasks, results, args, err)
     except KeyboardInterrupt:  # show what finished, then stop with 130
         interrupted = True
     if os.getpid() != pid:  # a process user code forked: only the one that started reports

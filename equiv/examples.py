@@ -8,7 +8,6 @@ strides and storage offsets. The user's tensors are only read.
 
 from __future__ import annotations
 
-import base64
 import copy
 import dataclasses
 import inspect
@@ -16,6 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from equiv import _values
 from equiv._args import Args, as_args
 from equiv._compat import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
@@ -320,10 +320,17 @@ class Template:
                 out.append((n, v))
         return out
 
-    def code(self, call: str, imports: Sequence[str] = (), check: bool = False) -> str:
+    def code(self, call: str, imports: Sequence[str] = (), check: bool = False,
+             stash: _values.Stash | None = None) -> str:
         """Runnable Python that rebuilds the example's structure and values and calls ``call``
         (after the ``imports`` lines that bring it in); with ``check``, runs every eager check
-        on it instead (``equiv.assert_equivalent``, which raises the finding's failure)."""
+        on it instead (``equiv.assert_equivalent``, which raises the finding's failure).
+
+        A storage over ``EXACT_INLINE`` elements is loaded from a ``.pt`` file that the code
+        names: it is added to ``stash`` (the caller writes it), or written now without one.
+        """
+        own = stash is None
+        stash = _values.Stash() if stash is None else stash
         lines = ["import torch", *(["import equiv"] if check else []), *imports]
         direct = {g.index for g in self.groups if g.simple and
                   self.slots[g.slots[0]].stride == _contiguous_strides(self.slots[g.slots[0]].size)}
@@ -331,7 +338,6 @@ class Template:
             vals = g.values.detach().cpu()
             if g.index in direct:
                 vals = vals.reshape(self.slots[g.slots[0]].size)
-            data = repr(vals.tolist()) if vals.numel() <= 64 else None
             rg = ", requires_grad=True" if g.requires_grad else ""
             dev = "" if g.values.device.type == "cpu" else f", device={str(g.values.device)!r}"
             target = (_identifier(self.slots[g.slots[0]].path) if g.index in direct
@@ -343,21 +349,19 @@ class Template:
             if vals.numel() == 0:  # torch.tensor([]) would lose the shape
                 lines.append(
                     f"{target} = torch.empty({tuple(vals.shape)}, dtype={g.dtype}{dev}{rg})")
-            elif data is not None:
-                lines.append(f"{target} = torch.tensor({_literal(data)}, dtype={g.dtype}{dev}{rg})")
-            elif vals.numel() <= EXACT_INLINE:
-                if "import base64" not in lines:
-                    lines.insert(1, "import base64")
-                lines.append(f"{target} = {_exact_bytes(vals)}{_placed(dev, rg)}")
+            elif vals.numel() <= _values.LITERAL_MAX:
+                data = _values.literal(repr(vals.tolist()))
+                lines.append(f"{target} = torch.tensor({data}, dtype={g.dtype}{dev}{rg})")
             else:
-                shape = tuple(vals.shape)
-                lines.append(
-                    f"{target} = torch.randn({shape}, dtype={g.dtype}{dev}{rg})"
-                    f"  # values elided (over {EXACT_INLINE} elements): the Reproduce line "
-                    "replays them"
-                )
+                if vals.numel() <= EXACT_INLINE and "import base64" not in lines:
+                    lines.insert(1, "import base64")
+                elif vals.numel() > EXACT_INLINE:
+                    lines.append(f"# {target}'s {vals.numel()} values: saved with torch.save")
+                lines.append(f"{target} = {stash.expression(vals)}{_placed(dev, rg)}")
             if nonleaf:
                 lines.append(f"{final_target} = {target}.clone()")
+        if own:
+            _values.write(stash.files)
         call_args = []
         for i, leaf in enumerate(self._leaves):
             if i in self._slot_of_leaf:
@@ -459,30 +463,13 @@ def _shown(value: Any, limit: int = 120) -> str:
 
 
 #: storages up to this many elements over 64 are printed as their exact bytes (base64)
-EXACT_INLINE = 4096
-
-
-def _exact_bytes(vals: torch.Tensor) -> str:
-    """An expression rebuilding ``vals`` (on the CPU) bit for bit from its bytes."""
-
-    raw = vals.contiguous().view(-1).view(torch.uint8) if vals.dtype != torch.bool else vals
-    data = base64.b64encode(bytes(raw.contiguous().numpy().tobytes())).decode()
-    return (f"torch.frombuffer(bytearray(base64.b64decode({data!r})), dtype={vals.dtype})"
-            f".reshape({tuple(vals.shape)}).clone()")
+EXACT_INLINE = _values.EXACT_INLINE
 
 
 def _placed(dev: str, rg: str) -> str:
     """The method calls that move a rebuilt tensor to ``dev`` and make it require grad."""
     out = f".to({dev[2:].split('=', 1)[1]})" if dev else ""
     return out + (".requires_grad_()" if rg else "")
-
-
-def _literal(data: str) -> str:
-    """A value list's repr with nan/inf spelled as Python expressions."""
-    import re
-
-    data = re.sub(r"\bnan\b", "float('nan')", data)
-    return re.sub(r"\binf\b", "float('inf')", data)
 
 
 def _elements(s: Slot) -> set[int]:

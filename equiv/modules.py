@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import re
 import textwrap
 from typing import Any, Callable, Mapping
 
@@ -31,6 +30,7 @@ import torch
 from hypothesis import strategies as st
 from torch import nn
 
+from equiv import _values
 from equiv import spec as _spec
 from equiv.errors import InvalidArgument, error_text, user_error
 from equiv._args import Args, as_args
@@ -223,7 +223,8 @@ class _ModuleSpec:
             fn.__qualname__ = getattr(cls, "__qualname__", fn.__name__)
             fn.__module__ = getattr(cls, "__module__", fn.__module__)
             fn.__equiv_module__ = self  # type: ignore[attr-defined]
-        impl_fn.__equiv_code__ = lambda example: example_code(self, example)  # type: ignore
+        impl_fn.__equiv_code__ = lambda example, stash=None: example_code(  # type: ignore
+            self, example, stash)
         return impl_fn, ref_fn
 
     def wrapper_signature(self) -> inspect.Signature:
@@ -386,15 +387,19 @@ def register(ref: Any, options: Mapping[str, Any], passed: Mapping[str, Any]
     return decorate
 
 
-def example_code(ms: _ModuleSpec, example: Any) -> str:
-    """Runnable code that rebuilds one example: both modules (constructor arguments and state),
-    their mode and the forward inputs, then calls each."""
+def example_code(ms: _ModuleSpec, example: Any, stash: _values.Stash | None = None) -> str:
+    """Runnable code that rebuilds one example: both modules (constructor arguments and state)
+    and the forward inputs, then runs every eager check on it (``equiv.assert_equivalent`` of
+    the implementation, which raises the finding's failure). Tensors too big to print are
+    loaded from ``.pt`` files: added to ``stash`` (the caller writes them), or written now."""
+    own = stash is None
+    stash = _values.Stash() if stash is None else stash
     a = as_args(example)
     kw = dict(a.kwargs)
     params, bufs = kw.pop("params", {}), kw.pop("buffers", {})
     training, calls = kw.pop("training", True), kw.pop("calls", 1)
     init = kw.pop("init", ms.fixed_init)
-    lines = ["import torch"]
+    lines = ["import torch", "import equiv"]
     names = {}
     for which, side in (("impl", ms.impl_side), ("ref", ms.ref_side)):
         cls = type(side) if isinstance(side, nn.Module) else side
@@ -404,29 +409,38 @@ def example_code(ms: _ModuleSpec, example: Any) -> str:
     args = ", ".join(f"{k}={v!r}" for k, v in init.items())
     lines.append(f"ref = {_ctor(ms.ref_side, names['ref'], args)}")
     lines.append(f"impl = {_ctor(ms.impl_side, names['impl'], args)}")
-    lines.append("state = {")
-    for n, t in {**params, **bufs}.items():
-        lines.append(f"    {n!r}: {_tensor_code(t.detach())},")
-    lines.append("}")
+    for var, state in (("params", params), ("buffers", bufs)):
+        if var == "params" or ms.has_buffers:
+            lines.append(f"{var} = {{")
+            lines.extend(f"    {n!r}: {_value_code(t, stash)}," for n, t in state.items())
+            lines.append("}")
+    lines.append("state = {**params, **buffers}" if ms.has_buffers else "state = dict(params)")
     lines.append("ref.load_state_dict(state)")
     mapping = "state"
     if ms.state_map is not None:
         mapping = f"{_label(ms.state_map)}(state)"
-        lines[1:1] = _definition(ms.state_map)
-    lines.append(f"impl.load_state_dict({mapping})")
-    lines.append(f"ref.train({training}); impl.train({training})")
+        lines[2:2] = _definition(ms.state_map)
+    lines.append(f"impl.load_state_dict({mapping})  # the state as equiv maps it")
     call = []
     sig_names = [p.name for p in ms.forward_sig.parameters.values()]
     for i, v in enumerate(a.args):
         var = sig_names[i] if i < len(sig_names) else f"arg{i}"
-        lines.append(f"{var} = {_value_code(v)}")
+        lines.append(f"{var} = {_value_code(v, stash)}")
         call.append(var)
     for k, v in kw.items():
-        lines.append(f"{k} = {_value_code(v)}")
+        lines.append(f"{k} = {_value_code(v, stash)}")
         call.append(f"{k}={k}")
-    text = ", ".join(call)
-    for _ in range(calls):
-        lines.append(f"out, expected = impl({text}), ref({text})")
+    call.append("params=params")
+    call += ["buffers=buffers"] if ms.has_buffers else []
+    call += [f"training={training!r}", f"calls={calls!r}"]
+    call += [f"init={dict(init)!r}"] if ms.drawn_init else []
+    lines.append(f"# {names['impl']} against {names['ref']} on this state and input"
+                 f" ({'train' if training else 'eval'} mode, {calls} forward(s)):")
+    lines.append(f"equiv.assert_equivalent({names['impl']}, {', '.join(call)})")
+    if "base64.b64decode" in "\n".join(lines):
+        lines.insert(1, "import base64")
+    if own:
+        _values.write(stash.files)
     return "\n".join(lines)
 
 
@@ -450,18 +464,11 @@ def _ctor(side: Any, name: str, args: str) -> str:
     return f"{name}({args})"
 
 
-def _tensor_code(t: torch.Tensor) -> str:
-    if t.numel() > 64:
-        return f"torch.randn({tuple(t.shape)}, dtype={t.dtype})  # values elided"
-    data = re.sub(r"\binf\b", "float('inf')", re.sub(r"\bnan\b", "float('nan')",
-                                                    repr(t.tolist())))
-    return f"torch.tensor({data}, dtype={t.dtype})"
-
-
-def _value_code(v: Any) -> str:
+def _value_code(v: Any, stash: _values.Stash) -> str:
+    """An expression rebuilding ``v``: a tensor with its exact values and requires_grad."""
     if isinstance(v, torch.Tensor):
-        rg = ", requires_grad=True" if v.requires_grad else ""
-        return _tensor_code(v.detach())[:-1] + rg + ")" if v.numel() <= 64 else _tensor_code(v)
+        return stash.expression(v.detach().cpu()) + (".requires_grad_()" if v.requires_grad
+                                                      else "")
     return repr(v)
 
 

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, Phase
 from hypothesis import strategies as st
 from hypothesis.errors import DeadlineExceeded, FlakyFailure, Unsatisfiable
 
+from equiv import _values
 from equiv._args import as_args
 from equiv._catalog import CHECK_NAMES
 from equiv._contracts import ErrorArgs
@@ -333,6 +334,19 @@ class _ModeDriver:
         #: signals raised while Hypothesis searched and shrank: it keeps each in its cache of
         #: results, so their frames (the example, the record) are cleared once it caught them
         self.searching: list[tuple[_Found, Any]] = []
+        #: the ``.pt`` files of the printed code of each check's latest failing examples
+        self.files: dict[str, list[dict[str, torch.Tensor]]] = {}
+
+    def write_files(self, findings: list[Finding]) -> None:
+        """Write the ``.pt`` files that the printed code of ``findings`` loads."""
+        files = {path: values for latest in self.files.values() for by_path in latest
+                 for path, values in by_path.items()}
+        try:
+            _values.write({path: values for path, values in files.items()
+                           if any(repr(path) in f.example_code for f in findings)})
+        except OSError as e:  # the reproduction then names a file that is not there
+            self.notes.append(f"a printed reproduction's values could not be saved: {e}")
+        self.files.clear()
 
     def release(self) -> None:
         """Drop what the signals of past (non-final) examples hold: their example and the
@@ -403,9 +417,13 @@ class _ModeDriver:
         # a target may print its own example (a module pair rebuilds both modules)
         own_code = getattr(spec.impl, "__equiv_code__", None)
         imports = _import_lines(spec.impl, name)
-        code = own_code(args) if own_code else (
-            template.code(name, imports, check=bool(imports) and not imports[0].startswith("#"))
-            if template else "")
+        stash = _values.Stash()
+        code = own_code(args, stash) if own_code else (
+            template.code(name, imports, check=bool(imports) and not imports[0].startswith("#"),
+                          stash=stash) if template else "")
+        if outcome.findings and stash.files:  # the last few: the final one is among them
+            latest = self.files.setdefault(outcome.findings[0].check, [])
+            latest[:] = latest[-3:] + [stash.files]
         reproduce = (f"equiv.check({name}, seed={self.run_seed})" if self.run_seed is not None
                      else f"equiv.check({name}) with the same profile ({self.cfg.profile}: "
                      "derandomized)")
@@ -443,6 +461,7 @@ def _run_mode(spec: Spec, cfg: Settings, mode: Mode, device: str, run_seed: int 
         for e in found:  # the replays decide by which checks fail: nothing is explained
             with verdict_only():
                 findings.extend(_attribute(spec, mcfg, state, device, e))
+        driver.write_files(findings)
     if (mode.kind in SKIPPABLE and state.examples and not state.ran and not findings
             and state.unsupported is None):  # e.g. no example could be batched under vmap
         state.unsupported = (f"nothing could be checked under {mode.name}"

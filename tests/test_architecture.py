@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: dict[str, int] = {
     # base: exceptions and the one compat module for private torch imports
     "equiv._compat": 0, "equiv.errors": 0, "equiv._explain": 0,
+    "equiv._values": 0,
     # contract: what a user declares (spec, settings, schedules, targets, inputs, the catalog)
     "equiv._args": 1, "equiv.strategies": 1, "equiv._catalog": 1, "equiv._settings": 1,
     "equiv._options": 1, "equiv._schedule": 1, "equiv._targets": 1, "equiv.spec": 1,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -259,47 +260,123 @@ ROOT = Path(__file__).resolve().parent.parent
 
 BIG = textwrap.dedent('''
     import torch
+    import equiv
     from equiv import equivalent_to
 
-    def ref(x):
+    def rowsum_ref(x):
         return x.sum(-1)
 
-    @equivalent_to(ref, variants=(), examples=[(torch.randn(3, 70),)])
-    def rowsum(x):
-        return x.sum(-1) + (x[..., 0] > 0.5) * 1e-3  # wrong where the first value is large
+    EXAMPLE = [(torch.arange(5600.0).reshape(70, 80).t(),)]  # over 4096 elements, transposed
+
+    @equivalent_to(rowsum_ref, variants=(), examples=EXAMPLE)
+    def rowsum_big(x):
+        wrong = not x.is_contiguous() and bool((x > 5000).any())  # a bad strided fast path
+        return x.sum(-1) + wrong * 1.0
+
+    @equivalent_to(rowsum_ref, variants=(), examples=EXAMPLE,
+                   settings=equiv.settings(max_examples=1))
+    def rowsum_good(x):
+        return x.sum(-1)
+''')
+
+MODULE = textwrap.dedent('''
+    import torch
+    from torch import nn
+    import equiv
+    from equiv import equivalent_to
+
+
+    class ThreeProj(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.q, self.k, self.v = (nn.Linear(dim, dim) for _ in range(3))
+
+        def forward(self, x):
+            return self.q(x), self.k(x), self.v(x)
+
+
+    def qkv_state(sd):
+        return {f"qkv.{p}": torch.cat([sd[f"{n}.{p}"] for n in "qkv"]) for p in ("weight", "bias")}
+
+
+    class FusedQKVGood(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.qkv = nn.Linear(dim, 3 * dim)
+
+        def forward(self, x):
+            return tuple(t.clone() for t in self.qkv(x).chunk(3, -1))
+
+
+    class FusedQKV(FusedQKVGood):
+        def forward(self, x):  # a fast path for large weights (81 of them: not printed as a list)
+            q, k, v = super().forward(x)
+            return q, k, v + (self.qkv.weight.detach().abs().max() > 40) * 1e-2
+
+
+    for cls, n in ((FusedQKV, 60), (FusedQKVGood, 1)):
+        equivalent_to(ThreeProj, init=dict(dim=9), state_map=qkv_state, input_shapes=(..., 9),
+                      settings=equiv.settings(max_examples=n))(cls)
+''')
+
+#: runs each printed code (JSON on stdin) in a fresh namespace; prints how each ended
+RUNNER = textwrap.dedent('''
+    import json, sys, traceback
+    out = []
+    for code in json.load(sys.stdin):
+        try:
+            exec(code, {"__name__": "__main__"})
+            out.append(None)
+        except AssertionError as e:
+            out.append({"assertion": True, "text": f"{type(e).__name__}: {e}"})
+        except Exception as e:
+            out.append({"assertion": False, "text": "".join(traceback.format_exception(e))})
+    print(json.dumps(out))
 ''')
 
 
-def _printed_roots(target: Path, cwd: Path) -> list[dict]:
+def _printed(targets: list[str], cwd: Path) -> list[dict]:
     out = cwd / "report.json"
-    subprocess.run([sys.executable, "-m", "equiv", "check", str(target), "--modes", "eager",
+    subprocess.run([sys.executable, "-m", "equiv", "check", *targets, "--modes", "eager",
                     "--json", str(out)], cwd=cwd, capture_output=True, text=True, timeout=300,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     doc = json.loads(out.read_text())
-    return [f for result in doc["results"] for f in result["findings"] if f["caused_by"] is None]
+    return [f for result in doc["results"] for f in result["findings"]]
 
 
-def _reproduce(finding: dict, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", finding["example"]["code"]], cwd=cwd,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+def _run_printed(codes: list[str], cwd: Path, path: list[Path]) -> list[dict | None]:
+    run = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(codes), cwd=cwd,
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(map(str, [ROOT, *path]))})
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", ["buggy_kernels.py", "x_squared_advance.py", "big"])
-def test_printed_reproductions_run_and_fail_the_same_way(name, tmp_path):
-    folder = ROOT / "examples" / "failing"
-    if name == "big":  # over 64 elements: its exact values are printed as bytes
-        folder = tmp_path
-        (folder / "big_rowsum.py").write_text(BIG)
-        name = "big_rowsum.py"
-    roots = _printed_roots(folder / name, tmp_path)
-    assert roots
-    for f in roots:
+def test_printed_reproductions_run_and_fail_the_same_way(tmp_path):
+    # every finding of examples/failing/, of a storage over 4096 elements and of a module pair
+    # with a state map: its printed code runs as printed, in a fresh process and namespace, and
+    # raises its finding's failure; the same code with the correct twin's name passes
+    failing, cases = ROOT / "examples" / "failing", tmp_path / "cases"
+    cases.mkdir()
+    (cases / "big_rowsum.py").write_text(BIG)
+    (cases / "fused_qkv.py").write_text(MODULE)
+    findings = _printed([str(failing), str(cases)], tmp_path)
+    specs = {f["spec"].rsplit(".", 1)[-1] for f in findings}
+    assert specs == {"scale_stale", "square_advance", "rowsum_big", "FusedQKV"}, specs
+    codes = {f["spec"].rsplit(".", 1)[-1]: f["example"]["code"] for f in findings}
+    saved = list(tmp_path.glob("equiv-example-*.pt"))  # beside the report
+    assert len(saved) == 1 and f"torch.load({str(saved[0])!r})" in codes["rowsum_big"], saved
+    assert codes["FusedQKV"].splitlines()[-1].startswith("equiv.assert_equivalent(FusedQKV, x, ")
+    twins = [re.sub(rf"\b{bad}\b", good, codes[bad])
+             for bad, good in (("rowsum_big", "rowsum_good"), ("FusedQKV", "FusedQKVGood"))]
+    ran = _run_printed([f["example"]["code"] for f in findings] + twins, tmp_path,
+                       [failing, cases])
+    for f, result in zip(findings, ran):
         code = f["example"]["code"]
-        assert "elided" not in code and "import equiv" in code, code
-        run = _reproduce(f, folder)
-        assert run.returncode != 0, code
-        assert f"{f['kind']}: {f['headline']}" in run.stderr, (code, run.stderr[-2000:])
+        assert "elided" not in code and "randn" not in code and "import equiv" in code, code
+        assert result is not None and result["assertion"], (code, result)
+        assert f"{f['kind']}: {f['headline']}" in result["text"], (code, result["text"][-2000:])
+    assert ran[len(findings):] == [None, None], (twins, ran[len(findings):])
 
 
 def test_a_fused_qkv_with_a_wrong_split_is_one_root():

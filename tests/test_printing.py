@@ -136,14 +136,37 @@ def test_a_compiled_modes_timeline_says_it_is_an_eager_replay():
             "the compile[aot_eager] graph are not recorded):") in compiled
 
 
-def test_elided_values_point_at_the_reproduce_line():
-    """Past 4096 elements the printed code draws new values: it says which line replays the
-    failing ones."""
-    def f(x):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool])
+def test_values_over_4096_elements_are_loaded_from_a_named_file(dtype, tmp_path):
+    """Past 4096 elements the code loads the exact values from a .pt file it names, written
+    into the report's folder; views, offsets and the same tensor in two slots survive."""
+    from equiv import _values
+
+    def g(x, y, z):
         return x
 
-    t = Template(inspect.signature(f), Args(torch.arange(5000.0)))
-    assert "the Reproduce line replays them" in t.code("f")
+    base = torch.randn(90, 60, dtype=torch.float64).to(dtype)
+    if dtype.is_floating_point:
+        base[0, 0], base[0, 1] = float("nan"), -0.0
+    x, y = base.t(), base[1:, 3:]
+    with _values.example_directory(str(tmp_path)):
+        code = Template(inspect.signature(g), Args(x, y, x)).code("g")
+    files = list(tmp_path.glob("equiv-example-*.pt"))
+    assert len(files) == 1 and f"torch.load({str(files[0])!r})" in code, code
+    assert "randn" not in code and "elided" not in code
+    scope: dict = {"g": lambda *a: scope.__setitem__("got", a)}
+    exec(code, scope)
+    gx, gy, gz = scope["got"]
+    assert gz is gx and storage_id(gx) == storage_id(gy)
+    for got, want in ((gx, x), (gy, y)):
+        assert got.shape == want.shape and got.stride() == want.stride()
+        assert got.storage_offset() == want.storage_offset()
+        assert torch.equal(_bits(got), _bits(want))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous().view(-1)
+    return t if t.dtype == torch.bool else t.view(torch.uint8)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64,
@@ -166,3 +189,29 @@ def test_values_over_64_elements_are_rebuilt_exactly(dtype):
         t = t.contiguous().view(-1)
         return t if t.dtype == torch.bool else t.view(torch.uint8)
     assert torch.equal(bits(got), bits(x.t()))
+
+
+def _rowsum_ref(x):
+    return x.sum(-1)
+
+
+@equiv.equivalent_to(_rowsum_ref, variants=(), examples=[(torch.arange(5000.0).reshape(50, 100),)])
+def rowsum_large(x):
+    """Wrong where a value exceeds 4900 (only the example's own values show it)."""
+    return x.sum(-1) + bool((x > 4900).any()) * 1.0
+
+
+def test_check_writes_the_big_example_where_its_code_loads_it(tmp_path):
+    """equiv.check without a report: the .pt file goes to the folder in effect (here a given
+    one; by default <tempdir>/equiv-examples) and the printed code, run, raises the finding."""
+    from equiv import _values
+
+    with _values.example_directory(str(tmp_path)):
+        report = equiv.check(rowsum_large, modes=("eager",), max_examples=1,
+                             raise_on_failure=False)
+    code = report.findings[0].example_code
+    saved = list(tmp_path.glob("equiv-example-*.pt"))
+    assert len(saved) == 1 and f"torch.load({str(saved[0])!r})" in code, code
+    with pytest.raises(equiv.OutputMismatch, match="differs from the reference"):
+        exec(code, {})
+    assert _values.directory().endswith("equiv-examples")

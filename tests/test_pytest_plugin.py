@@ -467,3 +467,36 @@ def test_an_unrelated_pytest_run_does_not_import_torch(pytester):
                                          "sys.modules['torch'] = types.ModuleType('torch')\n")
     forced = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "loads_torch_stub")
     forced.assert_outcomes(failed=1)
+
+
+BIG_KERNEL = textwrap.dedent('''
+    import torch
+    from equiv import equivalent_to
+    from equiv.pytest import tests_for
+
+    def rowsum_ref(x):
+        return x.sum(-1)
+
+    @equivalent_to(rowsum_ref, variants=(), examples=[(torch.arange(5000.0).reshape(50, 100),)])
+    def rowsum_large(x):
+        return x.sum(-1) + bool((x > 4900).any()) * 1.0
+
+    test_rowsum = tests_for(rowsum_large)
+''')
+
+
+def test_a_big_examples_file_is_written_beside_the_report(pytester, tmp_path):
+    """--equiv-report: a storage over 4096 elements is saved beside the report, in the file
+    the finding's code loads; after the session files go to the default folder again."""
+    from equiv import _values
+
+    pytester.makepyfile(test_big=BIG_KERNEL)
+    pytester.syspathinsert()
+    report = tmp_path / "out" / "r.json"
+    report.parent.mkdir()
+    pytester.runpytest_inprocess(f"--equiv-report={report}", *FAST)
+    doc = json.loads(report.read_text())
+    code = doc["results"][0]["findings"][0]["example"]["code"]
+    saved = list(report.parent.glob("equiv-example-*.pt"))
+    assert len(saved) == 1 and f"torch.load({str(saved[0])!r})" in code, code
+    assert _values.directory().endswith("equiv-examples")
