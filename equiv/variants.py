@@ -24,6 +24,9 @@ Switched per spec with ``equivalent_to(..., variants=...)``:
   from the signature: half results are judged by the baseline-relative rule
   (docs/numerics.md). A kernel that refuses a dtype with the same error as its reference
   rejects the example (it is not a finding).
+- ``"extremes"`` (opt-in): large and non-finite values at a few positions of one floating
+  argument, where the reference's results stay comparable
+  (:mod:`equiv.strategies._extremes`).
 
 For a mutated argument made expanded or aliased, the rule is "must raise or match": the
 implementation may raise (torch refuses in-place writes into overlapping memory), otherwise its

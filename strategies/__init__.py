@@ -125,9 +125,7 @@ def arguments_for(signature: inspect.Signature, *,
             if reference is not None and not _accepts(reference, out, signature, locations):
                 return _lengths_or_shared(draw, out, kinds, dt, shp, reference, signature,
                                           locations)
-            shown = ", ".join(f"{n} {tuple(per_arg[k])}" for k, (n, kind, _) in enumerate(kinds)
-                              if kind == "tensor")
-            words.insert(0, f"broadcast shapes: {shown}")
+            words.insert(0, f"broadcast shapes: {_shown(kinds, per_arg)}")
         if words:
             object.__setattr__(out, DERIVED_NOTE, ("; ".join(words), plan == "broadcast"))
         return out
@@ -204,9 +202,14 @@ def _lengths_or_shared(draw: Any, refused: Args, kinds: list, dt: torch.dtype,
         tensors(shape=s, dtype=d, requires_grad=True)), dt)
     if not _accepts(reference, out, signature, locations):  # refused for the drawn values
         return _build_shared(draw, kinds, dt, shp)
-    shown = ", ".join(f"{kinds[k][0]} {tuple(per_arg[k])}" for k in slots)
-    object.__setattr__(out, DERIVED_NOTE, (f"independent lengths: {shown}", True))
+    object.__setattr__(out, DERIVED_NOTE,
+                       (f"independent lengths: {_shown(kinds, per_arg)}", True))
     return out
+
+
+def _shown(kinds: list, per_arg: dict[int, tuple[int, ...]]) -> str:
+    """``"x (2, 1), y (3,)"``: each tensor parameter's shape."""
+    return ", ".join(f"{kinds[k][0]} {tuple(per_arg[k])}" for k in sorted(per_arg))
 
 
 def _probe_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
