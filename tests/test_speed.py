@@ -411,3 +411,27 @@ def test_an_optimizer_step_on_a_mutated_parameter_leaves_the_drawn_values_alone(
     assert result.error is None and len(result.grads) == 2
     for grp, before in zip(ex.template.groups, drawn):
         assert torch.equal(grp.values, before)
+
+
+def test_measuring_the_retained_bytes_keeps_no_output_alive():
+    """The default memory bound's forward (``equiv.memory.retained``) frees its graph: relu
+    saves its own output, and a saved-tensor hook that kept that output would make a cycle
+    through C++ the garbage collector cannot free (a copy of the example leaked per run)."""
+    import gc
+    import weakref
+
+    from equiv.memory import retained
+
+    outs = []
+
+    @equivalent_to(torch.relu)
+    def relu(x):
+        out = torch.relu(x)
+        outs.append(weakref.ref(out))
+        return out
+
+    ex = execution(relu, torch.randn(64, dtype=torch.float64, requires_grad=True))
+    stats = retained(relu, ex.side())
+    assert stats is not None and stats.retained_bytes == 64 * 8  # the saved output
+    gc.collect()
+    assert outs[-1]() is None
