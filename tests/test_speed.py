@@ -435,3 +435,27 @@ def test_measuring_the_retained_bytes_keeps_no_output_alive():
     assert stats is not None and stats.retained_bytes == 64 * 8  # the saved output
     gc.collect()
     assert outs[-1]() is None
+
+
+def test_the_shared_call_on_new_values_is_freed_once_its_readers_ran(monkeypatch):
+    """output-stability and state-across-calls share one call of the implementation on new
+    values (a copy of the example); the rows after them (the schedules, the memory bound) run
+    without it."""
+    from equiv.checks import memory, schedule
+
+    seen = {}
+    for module in (output_stability, state_across_calls, schedule, memory):
+        def spy(ex, sink, real=module.run, name=module.NAME):
+            real(ex, sink)
+            seen.setdefault(name, "shuffled-call" in ex.cache)
+        monkeypatch.setattr(module, "run", spy)
+
+    @equivalent_to(lambda x: x * 2)
+    def double(x):
+        return x * 2
+
+    report = equiv.check(double, modes=("eager",), seed=0, max_examples=1, settings=equiv.settings(
+        hypothesis_settings=hypothesis.settings(database=None)))
+    assert report.ok
+    assert seen == {"output-stability": True, "state-across-calls": True, "schedule": False,
+                    "memory": False}
