@@ -152,13 +152,15 @@ def retained(fn: Any, side: Any) -> MemoryStats | None:
     names = {id(t): slot.path for slot, t in zip(side.template.slots, side.tensors)}
     saved: list[torch.Tensor] = []
 
-    def pack(t: torch.Tensor) -> Any:
+    def pack(t: torch.Tensor) -> int:
+        # the graph keeps an index, not the tensor: a saved output holding its own graph is a
+        # cycle through C++ that the garbage collector cannot see (nothing runs backward here)
         saved.append(t)
-        return t
+        return len(saved) - 1
 
     try:
         with isolated(), torch.enable_grad(), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                torch.autograd.graph.saved_tensors_hooks(pack, saved.__getitem__):
             out = side.call(fn)
     except BaseException as e:  # the user's code raised: the error checks report it
         if not user_error(e):
@@ -166,6 +168,7 @@ def retained(fn: Any, side: Any) -> MemoryStats | None:
         return None
     outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor) and o.requires_grad]
     kept, by = _retained(outs, saved, names)
+    saved.clear()
     return MemoryStats(0, kept, by)
 
 

@@ -212,27 +212,39 @@ def _name_the_suspect(ex: Execution, sink: Sink) -> None:
                                                fix=SUSPECT_FIX)
 
 
+#: evidence in ``Execution.cache`` that no row after the named one reads, freed once the rows
+#: are past it (each holds a copy of the example): the call on new values that
+#: output-stability and state-across-calls share
+_LAST_READ_BY = {"state-across-calls": ("shuffled-call",)}
+
+
 def _run_rows(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
     for row in rows_for(cfg, kind):
-        if row.needs != "example" and not ex.valid:
-            continue
-        if row.needs == "function" and not ex.function_nodes():
-            continue
-        if row.needs == "clean" and sink.findings:
-            continue
-        if row.costly and not getattr(ex, "costly", True):
-            continue
-        if row.option and not enabled(row.option, ex.spec, cfg):
-            continue
-        sink.ran.add(row.name)
-        try:
-            _MODULES[row.name].run(ex, sink)
-        except EquivError:
-            raise
-        except Exception as e:  # a bug in equiv itself: never disguised as a finding
-            raise InternalError(
-                f"equiv failed inside its {row.name!r} check while checking {ex.spec.name} "
-                f"(mode {ex.mode}, device {ex.device}): {type(e).__name__}: {error_text(e)}. "
-                "This is a bug in equiv, not a finding about your code; please report it with "
-                "this traceback and the example."
-            ) from e
+        _run_row(cfg, ex, sink, row)
+        for key in _LAST_READ_BY.get(row.name, ()):
+            getattr(ex, "cache", {}).pop(key, None)
+
+
+def _run_row(cfg: Settings, ex: Any, sink: Sink, row: CheckRow) -> None:
+    if row.needs != "example" and not ex.valid:
+        return
+    if row.needs == "function" and not ex.function_nodes():
+        return
+    if row.needs == "clean" and sink.findings:
+        return
+    if row.costly and not getattr(ex, "costly", True):
+        return
+    if row.option and not enabled(row.option, ex.spec, cfg):
+        return
+    sink.ran.add(row.name)
+    try:
+        _MODULES[row.name].run(ex, sink)
+    except EquivError:
+        raise
+    except Exception as e:  # a bug in equiv itself: never disguised as a finding
+        raise InternalError(
+            f"equiv failed inside its {row.name!r} check while checking {ex.spec.name} "
+            f"(mode {ex.mode}, device {ex.device}): {type(e).__name__}: {error_text(e)}. "
+            "This is a bug in equiv, not a finding about your code; please report it with "
+            "this traceback and the example."
+        ) from e

@@ -27,7 +27,7 @@ from equiv.errors import GradientMismatch, InvalidArgument, error_text, user_err
 from equiv.modes import Mode, ModeRun, NotCompiled, device_unavailable, parse_mode
 from equiv._roots import EAGER_TOO, with_causes
 from equiv._watchdog import ExampleTimeout, deadline_timeout, per_example
-from equiv.execution.calls import isolated, owned_process, quiet_anomaly
+from equiv.execution.calls import frozen_heap, isolated, owned_process, quiet_anomaly
 from equiv.execution.record import Placement
 from equiv.pipeline import Outcome, execute_example, narrowed, rows_for
 from equiv.report import Finding, ModeResult, Report
@@ -118,7 +118,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     reference = _reference_placement(spec.reference_device or reference_device,
                                      spec.reference_dtype or reference_dtype)
     with torch.inference_mode(False), isolated(config=True), torch.enable_grad(), \
-            owned_process(), quiet_anomaly():
+            owned_process(), quiet_anomaly(), frozen_heap():
         report = _check(spec, cfg, mode_objs, reference)
     if raise_on_failure and not report.findings and not report.ok:
         first = report.runs[0]

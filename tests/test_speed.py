@@ -413,3 +413,85 @@ def test_an_optimizer_step_on_a_mutated_parameter_leaves_the_drawn_values_alone(
     assert result.error is None and len(result.grads) == 2
     for grp, before in zip(ex.template.groups, drawn):
         assert torch.equal(grp.values, before)
+
+
+def test_measuring_the_retained_bytes_keeps_no_output_alive():
+    """The default memory bound's forward (``equiv.memory.retained``) frees its graph: relu
+    saves its own output, and a saved-tensor hook that kept that output would make a cycle
+    through C++ the garbage collector cannot free (a copy of the example leaked per run)."""
+    import gc
+    import weakref
+
+    from equiv.memory import retained
+
+    outs = []
+
+    @equivalent_to(torch.relu)
+    def relu(x):
+        out = torch.relu(x)
+        outs.append(weakref.ref(out))
+        return out
+
+    ex = execution(relu, torch.randn(64, dtype=torch.float64, requires_grad=True))
+    stats = retained(relu, ex.side())
+    assert stats is not None and stats.retained_bytes == 64 * 8  # the saved output
+    gc.collect()
+    assert outs[-1]() is None
+
+
+def test_the_shared_call_on_new_values_is_freed_once_its_readers_ran(monkeypatch):
+    """output-stability and state-across-calls share one call of the implementation on new
+    values (a copy of the example); the rows after them (the schedules, the memory bound) run
+    without it."""
+    from equiv.checks import memory, schedule
+
+    seen = {}
+    for module in (output_stability, state_across_calls, schedule, memory):
+        def spy(ex, sink, real=module.run, name=module.NAME):
+            real(ex, sink)
+            seen.setdefault(name, "shuffled-call" in ex.cache)
+        monkeypatch.setattr(module, "run", spy)
+
+    @equivalent_to(lambda x: x * 2)
+    def double(x):
+        return x * 2
+
+    report = equiv.check(double, modes=("eager",), seed=0, max_examples=1, settings=equiv.settings(
+        hypothesis_settings=hypothesis.settings(database=None)))
+    assert report.ok
+    assert seen == {"output-stability": True, "state-across-calls": True, "schedule": False,
+                    "memory": False}
+
+
+def _doubling_spec(seen: list[int]):
+    import gc
+
+    @equivalent_to(lambda x: x * 2)
+    def double(x):
+        seen.append(gc.get_freeze_count())
+        return x * 2
+
+    return double
+
+
+def test_a_run_keeps_the_objects_alive_before_it_out_of_the_collectors_reach():
+    """check() freezes the heap it starts with (``gc.freeze()``): a full collection during the
+    run scans only what the run allocated (at ~2e5 objects a full collection costs ~0.1 s, as
+    much as a whole check() of 40 small examples); afterwards every object is collectable
+    again. A caller that froze objects itself keeps its own freeze, untouched."""
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    seen: list[int] = []
+    cfg = equiv.settings(hypothesis_settings=hypothesis.settings(database=None))
+    equiv.check(_doubling_spec(seen), modes=("eager",), seed=0, max_examples=3, settings=cfg)
+    assert seen and min(seen) > 0 and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen, seen = gc.get_freeze_count(), []
+        equiv.check(_doubling_spec(seen), modes=("eager",), seed=0, max_examples=3,
+                    settings=cfg)
+        # frozen objects that die leave the count: never more than the caller froze, never 0
+        assert all(0 < c <= frozen for c in seen + [gc.get_freeze_count()])
+    finally:
+        gc.unfreeze()

@@ -4,6 +4,7 @@ errors (they come back as values), leaves of result trees, cotangents and VJPs."
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import os
 import sys
@@ -167,6 +168,23 @@ def owned_process() -> Iterator[None]:
         yield
     finally:
         _RUN_PID[0] = previous
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Within the block, the objects alive when it starts (the caller's modules, torch's and
+    Hypothesis's) are out of the garbage collector's reach (``gc.freeze()``): a full collection
+    during the run scans only what the run allocated, not every object of the process (~0.1 s
+    per full collection at ~2e5 objects). After the block they are collectable again. A caller
+    that froze objects itself keeps its freeze as it was."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def exit_if_forked() -> None:
