@@ -201,6 +201,16 @@ def _kink_site(ex: Execution, group: Any, m: Any) -> tuple[int, list[int], str] 
     return k, flats, f"{slot.path} (storage element {flat}) = {value:g}"
 
 
+def _probe_site(ex: Execution, group: Any, m: Any) -> tuple[Any, ...] | None:
+    """:func:`_kink_site` with the reference's bound side and its args and kwargs."""
+    site = _kink_site(ex, group, m)
+    if site is None:
+        return None
+    side = ex.ref_side
+    assert side is not None
+    return (*site, side, side.bound.args, dict(side.bound.kwargs))
+
+
 def kink_cause(ex: Execution, group: Any, m: Any) -> str | None:
     """When the worst element is an input where the reference is not differentiable (its
     output or gradient jumps there, e.g. ``clamp`` at its bounds), the line saying so: the two
@@ -208,13 +218,10 @@ def kink_cause(ex: Execution, group: Any, m: Any) -> str | None:
     is explained (:func:`equiv._explain.explaining`): it never changes a verdict."""
     if not explaining():
         return None
-    site = _kink_site(ex, group, m)
+    site = _probe_site(ex, group, m)
     if site is None:
         return None
-    k, flats, where = site
-    side = ex.ref_side
-    assert side is not None
-    args, kwargs = side.bound.args, dict(side.bound.kwargs)
+    k, flats, where, side, args, kwargs = site
     if smooth_at(ex.spec.ref, args, kwargs, {k: flats}) or not jumps_at(ex.spec.ref, args,
                                                                          kwargs, {k: flats}):
         return None  # no jump seen within the probe's radius: no claim
@@ -234,13 +241,10 @@ def derivative_kink(ex: Execution, group: Any, m: Any) -> str | None:
     (:func:`kink_cause`'s probe), or its autograd second derivative jumps there
     (``z.abs().pow(2)`` at 0: smooth, but ``sign(z)**2`` is 0 at 0 and 1 beside it). A smooth
     implementation's second derivative legitimately differs there. Else None."""
-    site = _kink_site(ex, group, m)
+    site = _probe_site(ex, group, m)
     if site is None:
         return None
-    k, flats, where = site
-    side = ex.ref_side
-    assert side is not None
-    args, kwargs = side.bound.args, dict(side.bound.kwargs)
+    k, flats, where, _side, args, kwargs = site
     if not smooth_at(ex.spec.ref, args, kwargs, {k: flats}):
         return where if jumps_at(ex.spec.ref, args, kwargs, {k: flats}) else None
     try:
