@@ -110,27 +110,28 @@ class _Perturbed(TorchDispatchMode):
 _PRODUCTS = frozenset(("mm", "bmm", "matmul", "mv", "dot", "vdot"))
 _ADDED_PRODUCTS = frozenset(("addmm", "baddbmm", "addbmm", "addmv"))
 _REDUCTIONS = frozenset(("sum", "mean", "nansum", "nanmean", "prod", "var", "std", "var_mean",
-                         "std_mean", "norm", "linalg_vector_norm", "logsumexp", "cumsum",
-                         "cumprod", "_softmax", "_log_softmax", "softmax", "log_softmax"))
+                         "std_mean", "norm", "linalg_vector_norm", "logsumexp"))
+#: ops that sum along one dim (``args[1]``) and keep the input's shape
+_SCANS = frozenset(("cumsum", "cumprod", "_softmax", "_log_softmax", "softmax", "log_softmax"))
 
 
 def _summed(name: str, args: Any, out: Any) -> float:
     """How many terms each element of an op's result sums (1 for elementwise ops): the inner
-    length of a matrix product, else the input's elements per result element of a
-    reduction."""
+    length of a matrix product, the length of a scan's dim, else the input's elements per
+    result element of a reduction."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if name in _PRODUCTS and tensors and tensors[0].dim():
+    if not tensors:
+        return 1.0
+    if name in _PRODUCTS and tensors[0].dim():
         return float(tensors[0].shape[-1])
     if name in _ADDED_PRODUCTS and len(tensors) > 1 and tensors[1].dim():
         return float(tensors[1].shape[-1])
-    if name in _REDUCTIONS and tensors:
-        first = out[0] if isinstance(out, (tuple, list)) else out
-        if isinstance(first, torch.Tensor) and name not in ("cumsum", "cumprod", "_softmax",
-                                                             "_log_softmax", "softmax",
-                                                             "log_softmax"):
-            return max(tensors[0].numel() / max(first.numel(), 1), 1.0)
+    if name in _SCANS and tensors[0].dim():
         dim = args[1] if len(args) > 1 and isinstance(args[1], int) else -1
-        return float(tensors[0].shape[dim]) if tensors[0].dim() else 1.0
+        return float(tensors[0].shape[dim])
+    first = out[0] if isinstance(out, (tuple, list)) else out
+    if name in _REDUCTIONS and isinstance(first, torch.Tensor):
+        return max(tensors[0].numel() / max(first.numel(), 1), 1.0)
     return 1.0
 
 
