@@ -219,11 +219,12 @@ def rounding_spread(run: Callable[[], dict[str, Any] | None], oracle: dict[str, 
             m = moved.pop(name, None)
             if not (isinstance(m, torch.Tensor) and m.shape == b.shape):
                 continue
-            d = _difference(m, b, owned=_storage(m) not in shared).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).square_()
+            d = _difference(m, b, owned=_storage(m) not in shared)
+            d = d.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).square_()
             squares[name] = squares[name].add_(d) if name in squares else d
             del m, d
         del moved
-    spread = {n: (s / probes).sqrt() for n, s in squares.items()}
+    spread = {n: s.div_(probes).sqrt_() for n, s in squares.items()}  # in place: no copy
     if not strict and not all(_same(b, oracle.get(n), spread.get(n))
                               for n, b in floating.items()):
         return {}
