@@ -19,13 +19,15 @@ from typing import Any, Callable
 
 import torch
 
-from equiv._compat import TorchDispatchMode, decompositions, tree_map
+from equiv._compat import TorchDispatchMode, decompositions, tree_flatten, tree_map
 
 #: the relative size of each simulated rounding: float32's eps (twice its unit roundoff). A
 #: float16/bfloat16 kernel computes in float32 and rounds its result once (the ULP floor)
 COMPUTE_EPS = torch.finfo(torch.float32).eps
 #: perturbed runs of the reference whose differences are averaged (root mean square)
 PROBES = 3
+#: elements of an op's result perturbed at a time in place (a 2 MiB factor)
+_CHUNK = 1 << 18
 
 #: aten ops whose results are exact (no rounding): moving, selecting, comparing, creating
 _EXACT = frozenset((
@@ -76,14 +78,24 @@ class _Perturbed(TorchDispatchMode):
                 if _floating(t):
                     t.copy_(self._moved(t, summed))
             return out
-        return tree_map(lambda t: self._moved(t, summed) if _floating(t) else t, out)
+        read = _storages((args, kwargs))
+        return tree_map(lambda t: self._moved(t, summed, owned=_owned(t, read))
+                        if _floating(t) else t, out)
 
-    def _moved(self, t: torch.Tensor, summed: float = 1.0) -> torch.Tensor:
+    def _moved(self, t: torch.Tensor, summed: float = 1.0, owned: bool = False) -> torch.Tensor:
         """``t`` times ``1 + rel * r`` in float64 (and complex); below float64, where that
         product mostly rounds back to ``t``, ``sqrt(summed)`` ULPs of ``t``'s dtype up or down
         at random per element (the roundings of a reduction over ``summed`` terms add up): a
-        new tensor. A dtype coarser than ``rel`` (a bfloat16 intermediate of a float32 run) is
-        left alone: its own rounding is not the precision the run is judged at."""
+        new tensor, or ``t`` itself multiplied chunk by chunk where it is ``owned`` (an op's
+        new result, no input's memory) dense float64 on the CPU: the same numbers, no copy.
+        A dtype coarser than ``rel`` (a bfloat16 intermediate of a float32 run) is left alone:
+        its own rounding is not the precision the run is judged at."""
+        if t.dtype == torch.float64 and owned and t.device.type == "cpu" and t.is_contiguous():
+            flat = t.view(-1)  # the generator fills chunk after chunk as it fills the whole
+            for i in range(0, flat.numel(), _CHUNK):
+                part = flat[i:i + _CHUNK]
+                part.mul_(self._factor(part))
+            return t
         if t.dtype == torch.float64 or t.is_complex():
             return self._factor(t).mul_(t)
         if torch.finfo(t.dtype).eps > self.rel * 1.001:  # coarser than the simulated rounding
@@ -155,6 +167,28 @@ def _identical(a: torch.Tensor, b: Any) -> bool:
 
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
+
+
+def _storages(tree: Any) -> set[int | None]:
+    """The storages the tensors of ``tree`` are in (None for a tensor without one)."""
+    out: set[int | None] = set()
+    for t in tree_flatten(tree)[0]:
+        if isinstance(t, torch.Tensor):
+            try:
+                out.add(_storage(t))
+            except (RuntimeError, NotImplementedError):  # sparse, a wrapper subclass...
+                out.add(None)
+    return out
+
+
+def _owned(t: torch.Tensor, read: set[int | None]) -> bool:
+    """``t`` is in memory none of ``read``'s storages is (nor an unknown one)."""
+    if None in read:
+        return False
+    try:
+        return _storage(t) not in read
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 def _shared_storages(values: dict[str, Any]) -> set[int]:
