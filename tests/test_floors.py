@@ -6,6 +6,8 @@ arguments' layout."""
 
 from __future__ import annotations
 
+import math
+
 import hypothesis
 import pytest
 import torch
@@ -473,3 +475,27 @@ def test_rounding_spread_moves_results_in_place_with_the_same_numbers(fn, monkey
     assert in_place.keys() == copied.keys() == {"out"}
     assert torch.equal(in_place["out"], copied["out"]) and bool(in_place["out"].gt(0).any())
     assert torch.equal(x, before[0]) and torch.equal(w, before[1])
+
+
+@hypothesis.settings(max_examples=40, deadline=None, derandomize=True)
+@hypothesis.given(seed=st.integers(0, 2**16), n=st.integers(1, 20), scale=st.sampled_from(
+    [0.0, 1e-12, 1e-9, 1e-6]), special=st.booleans(), with_spread=st.booleans())
+def test_same_up_to_float64_rounding_in_chunks(seed, n, scale, special, with_spread):
+    """The probe's "same up to float64 rounding" read in chunks agrees with the test over the
+    whole tensors (NaN and inf as nan_to_num makes them)."""
+    from equiv.execution import rounding
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, 2, generator=g, dtype=torch.float64)
+    b = a + scale * torch.randn(n, 2, generator=g, dtype=torch.float64)
+    if special:
+        a[0, 0], b[0, 0], a[-1, -1] = math.nan, math.nan, math.inf
+    spread = torch.rand(n, 2, generator=g, dtype=torch.float64) * 1e-6 if with_spread else None
+    x, y = torch.nan_to_num(a), torch.nan_to_num(b)
+    diff = (x - y).abs()
+    whole = bool((diff <= 1e-9 * (y.abs().max() + x.abs().max())).all()) or (
+        spread is not None and bool((diff <= 1e-3 * spread).all()))
+    saved, rounding._CHUNK = rounding._CHUNK, 3
+    try:
+        assert rounding._same(a, b, spread) == whole
+    finally:
+        rounding._CHUNK = saved
