@@ -630,22 +630,28 @@ def oracle_disagreement(oracle: torch.Tensor, baseline: torch.Tensor, dtype: tor
     value the example feeds the reference, the size cancellation rounds at), else None: then
     the oracle is another function for this example and cannot judge it. Elements where either
     is inf/NaN are left out."""
-    o, b = _to64(oracle), _to64(baseline)
-    if o.shape != b.shape or o.numel() == 0:
+    if oracle.shape != baseline.shape or oracle.numel() == 0:
         return None
-    fin = torch.isfinite(o) & torch.isfinite(b)
-    if not bool(fin.any()):
-        return None
+    ops = _Operands.of(baseline, oracle, None, None, None)
     zero = torch.zeros((), dtype=torch.float64)
-    diff = float(torch.where(fin, (b - o).abs(), zero).max())
-    size = max(float(torch.where(fin, o.abs(), zero).max()),
-               float(torch.where(fin, b.abs(), zero).max()))
+    finite, diff, size = False, 0.0, 0.0
+    for _, (b, o, _, _, _) in ops.chunks():  # in chunks: no float64 copy of either
+        fin = torch.isfinite(o) & torch.isfinite(b)
+        if not bool(fin.any()):
+            continue
+        finite = True
+        diff = max(diff, float(torch.where(fin, (b - o).abs_(), zero).max()))
+        size = max(size, float(torch.where(fin, o.abs(), zero).max()),
+                   float(torch.where(fin, b.abs(), zero).max()))
+    if not finite:
+        return None
     if example_size is not None and math.isfinite(example_size):
         size = max(size, example_size)
-    if magnitude is not None:
-        m = _to64(magnitude)
-        size = max(size, float(torch.nan_to_num(m, nan=0.0, posinf=0.0).max()) if m.numel()
-                   else 0.0)
+    if magnitude is not None and magnitude.numel():
+        flat = magnitude.detach().reshape(-1)
+        size = max(size, max(float(torch.nan_to_num(_to64(flat[i:i + CHUNK]), nan=0.0,
+                                                    posinf=0.0).max())
+                             for i in range(0, flat.numel(), CHUNK)))
     limit = max(ORACLE_INVALID_SHARE * size,
                 ORACLE_INVALID_ULPS * float(ulp(torch.tensor(size), dtype)))
     return (diff, size) if diff > limit else None

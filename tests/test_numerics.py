@@ -921,7 +921,8 @@ def test_a_reference_that_overflows_somewhere_says_where_its_error_is_taken():
 def test_chunked_verdict_is_the_whole_tensors_verdict(n, seed, chunk, half, given, explain):
     """The verdict read in chunks of any size says what it says over the whole tensor: the
     same mismatch, worst element, allowance, errors and ULP figures (NaN, inf and exact zeros
-    of the oracle included), and the same numbers of a mismatch against the default tolerance."""
+    of the oracle included), the same numbers of a mismatch against the default tolerance, and
+    the same disagreement of the oracle with the baseline."""
     from equiv import _explain, compare, numerics
     g = torch.Generator().manual_seed(seed)
     dtype = torch.float16 if half else torch.float32
@@ -943,12 +944,15 @@ def test_chunked_verdict_is_the_whole_tensors_verdict(n, seed, chunk, half, give
         whole = numerics.judge(actual, oracle, baseline, **options)
         rejected = numerics.rejects(actual, oracle, baseline, **options)
         numbers = compare._numbers(actual, baseline)
+        disagreement = numerics.oracle_disagreement(oracle, baseline, dtype, extra, 0.5)
         saved = numerics.CHUNK, compare._CHUNK
         numerics.CHUNK = compare._CHUNK = chunk
         try:
             chunked = numerics.judge(actual, oracle, baseline, **options)
             assert numerics.rejects(actual, oracle, baseline, **options) == rejected
             assert compare._numbers(actual, baseline) == numbers
+            assert numerics.oracle_disagreement(oracle, baseline, dtype, extra,
+                                                0.5) == disagreement
         finally:
             numerics.CHUNK, compare._CHUNK = saved
     assert rejected == (whole is not None)
