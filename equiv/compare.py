@@ -106,8 +106,10 @@ def _numbers(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float
 
 
 def compare_leaf(actual: Any, expected: Any, *, rtol: float | None, atol: float | None,
-                 path: str = "", exact: bool = False) -> Mismatch | None:
-    """Compare one value; ``exact`` demands bitwise equality (NaN equal to NaN)."""
+                 path: str = "", exact: bool = False, numbers: bool = True) -> Mismatch | None:
+    """Compare one value; ``exact`` demands bitwise equality (NaN equal to NaN).
+    ``numbers=False``: while failures are only judged, a tensor mismatch comes without its
+    numbers (greatest differences, index)."""
     if expected is None or actual is None:
         if actual is expected:
             return None
@@ -116,14 +118,16 @@ def compare_leaf(actual: Any, expected: Any, *, rtol: float | None, atol: float 
     if a_t != e_t:
         return Mismatch(path, f"expected {_short(expected)}, got {_short(actual)}")
     if a_t:
-        return _compare_tensors(actual, expected, rtol=rtol, atol=atol, path=path, exact=exact)
+        return _compare_tensors(actual, expected, rtol=rtol, atol=atol, path=path, exact=exact,
+                                numbers=numbers)
     if not (_numeric(actual) and _numeric(expected)):
         return _compare_objects(actual, expected, path)
     return _compare_numbers(actual, expected, rtol=rtol, atol=atol, path=path, exact=exact)
 
 
 def _compare_tensors(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float | None,
-                     atol: float | None, path: str, exact: bool) -> Mismatch | None:
+                     atol: float | None, path: str, exact: bool,
+                     numbers: bool = True) -> Mismatch | None:
     """Two tensors: bitwise equal, else within tolerance, else the numbers of the mismatch."""
     if actual.dtype == expected.dtype == torch.complex32:
         # no comparison kernels for complex32: compare in complex64 at complex32's tolerance
@@ -144,7 +148,7 @@ def _compare_tensors(actual: torch.Tensor, expected: torch.Tensor, *, rtol: floa
     if not exact and _close_fast(actual, expected, rtol, atol):
         return None
     if not explaining():  # only the verdict is read: no message
-        return _judged(actual, expected, rtol, atol, path)
+        return _judged(actual, expected, rtol, atol, path, numbers)
     lines = _not_close(actual, expected, rtol, atol)
     if lines is None:
         return None
@@ -159,11 +163,11 @@ _CLOSE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _judged(actual: torch.Tensor, expected: torch.Tensor, rtol: float | None,
-            atol: float | None, path: str) -> Mismatch | None:
+            atol: float | None, path: str, numbers: bool = True) -> Mismatch | None:
     """:func:`_compare_tensors`'s verdict without ``assert_close``'s message: for two floating
     tensors of one dtype, shape and device, its test (``torch.isclose``, NaN equal to NaN, at
     the dtype's default tolerance when none is given) and the numbers; other pairs take the
-    full path."""
+    full path. ``numbers``: with the greatest differences and their index."""
     found = (rtol, atol) if rtol is not None else default_tolerances(actual.dtype)
     if found is None or not (actual.dtype == expected.dtype and actual.dtype in _CLOSE_DTYPES
                              and actual.shape == expected.shape
@@ -175,9 +179,8 @@ def _judged(actual: torch.Tensor, expected: torch.Tensor, rtol: float | None,
         if bool(_isclose(actual.detach(), expected.detach(), rtol=rtol, atol=atol,
                          equal_nan=True).all()):
             return None
-    max_abs, max_rel, index = _numbers(actual, expected)
-    return Mismatch(path, f"Tensor-likes are not close (rtol={rtol:g}, atol={atol:g}).",
-                    max_abs, max_rel, index)
+    text = f"Tensor-likes are not close (rtol={rtol:g}, atol={atol:g})."
+    return Mismatch(path, text, *_numbers(actual, expected)) if numbers else Mismatch(path, text)
 
 
 def _compare_numbers(actual: Any, expected: Any, *, rtol: float | None, atol: float | None,
