@@ -121,6 +121,8 @@ def arguments_for(signature: inspect.Signature, *,
                 values = list(args) + list(kw.values())
                 _derived.break_ties(values, _derived.cross_ties(values))
         out = Args(*args, **kw)
+        if plan == "lengths" and reference is not None:
+            return _lengths_or_shared(draw, out, kinds, dt, shp, reference, signature, locations)
         if plan == "broadcast":
             if reference is not None and not _accepts(reference, out, signature, locations):
                 return _lengths_or_shared(draw, out, kinds, dt, shp, reference, signature,
@@ -183,13 +185,20 @@ def _build_shared(draw: Any, kinds: list, dt: torch.dtype, shp: tuple[int, ...])
     return Args(*args, **kw)
 
 
+def _untied(reference: Callable[..., Any], example: Args) -> Args:
+    """``example`` with its equal simple values across arguments moved off the tie where the
+    reference has a kink there (``x == lo`` in ``clamp``), as in a plain example (in place)."""
+    _smooth_planted(reference, list(example.args), dict(example.kwargs), {})
+    return example
+
+
 def _lengths_or_shared(draw: Any, refused: Args, kinds: list, dt: torch.dtype,
                        shp: tuple[int, ...], reference: Callable[..., Any],
                        signature: inspect.Signature, locations: Mapping[str, Any]) -> Any:
-    """Where the reference refused broadcast shapes (``refused``): independent lengths (some
-    tensor arguments get another length along one dim), the first candidate of
-    :func:`_derived.independent_lengths` the reference accepts, with ``refused``'s other
-    arguments; else the plain example of one shared shape."""
+    """The independent-lengths plan, also drawn where the reference refused broadcast shapes:
+    some tensor arguments get another length along one dim, the first candidate of
+    :func:`_derived.independent_lengths` the reference accepts, with the other arguments of
+    ``refused`` (the example drawn so far); else the plain example of one shared shape."""
     slots = [k for k, (_, kind, _) in enumerate(kinds) if kind == "tensor"]
     for shapes_ in _derived.independent_lengths(draw, tuple(shp), len(slots)):
         per_arg = dict(zip(slots, shapes_))
@@ -197,11 +206,11 @@ def _lengths_or_shared(draw: Any, refused: Args, kinds: list, dt: torch.dtype,
                     signature, locations):
             break
     else:
-        return _build_shared(draw, kinds, dt, shp)
+        return _untied(reference, _build_shared(draw, kinds, dt, shp))
     out = _with_tensors(refused, kinds, per_arg, lambda s, d: draw(
         tensors(shape=s, dtype=d, requires_grad=True)), dt)
-    if not _accepts(reference, out, signature, locations):  # refused for the drawn values
-        return _build_shared(draw, kinds, dt, shp)
+    if not _accepts(reference, _untied(reference, out), signature, locations):
+        return _untied(reference, _build_shared(draw, kinds, dt, shp))  # refused: these values
     object.__setattr__(out, DERIVED_NOTE,
                        (f"independent lengths: {_shown(kinds, per_arg)}", True))
     return out

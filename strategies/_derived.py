@@ -32,12 +32,15 @@ TILE_LENGTHS: tuple[int, ...] = tuple(sorted(
     for _ in range(1 if k < 5 else 2)))
 # how many multiples of each block size are drawn (k*b - 1, k*b, k*b + 1 for k = 1..3)
 _BLOCK_MULTIPLES = 3
-# shape plans: index 0 (one shared small shape) is the shrink target; weights out of the table
-# (a tile length in about one example in four: bench/detection_inputs.py measures the rates)
-_PLANS = {"shared": 12, "tile": 9, "broadcast": 5}
+# shape plans: index 0 (one shared small shape) is the shrink target and the most likely plan;
+# weights out of the table (a tile length in about one example in four, independent lengths in
+# about one in six with several tensors: bench/detection_inputs.py measures the rates)
+_PLANS = {"shared": 12, "tile": 9, "broadcast": 5, "lengths": 5}
 #: the other length one dim of some tensor arguments gets in the independent-lengths plan
-#: (smallest first: a failure shrinks toward short, readable lengths)
-OTHER_LENGTHS: tuple[int, ...] = (1, 2, 3, 4, 5, 7)
+#: (smallest first: a failure shrinks toward short, readable lengths). Never 1, and a dim of
+#: length 1 is never changed: lengths 1 and n broadcast, which the broadcast plan draws; this
+#: plan draws the lengths broadcasting refuses (attention's Lq = 2 against Lk = 3)
+OTHER_LENGTHS: tuple[int, ...] = (2, 3, 4, 5, 7)
 # the most (dim, argument subset) pairs the independent-lengths plan offers the reference
 _LENGTH_TRIES = 16
 # the probe's step and the jump (relative to the values' magnitude) that counts as a kink
@@ -57,13 +60,14 @@ def tile_lengths(block_sizes: Sequence[int] = ()) -> tuple[int, ...]:
 
 def draw_plan(draw: Any, tensors: int, *, tile: bool, broadcast: bool,
               steer: bool = False) -> str:
-    """Which shape plan this example uses: shared, tile or broadcast (when allowed)."""
+    """Which shape plan this example uses: shared, tile, or (with ``broadcast`` and at least two
+    tensors) broadcast shapes or independent lengths."""
     weights = dict(_PLANS)
     if steer:  # block sizes were given: draw tile-straddling lengths more often
         weights["tile"] *= 4
     table = [p for p, w in weights.items() for _ in range(w)
-             if p == "shared" or (p == "tile" and tile) or (p == "broadcast" and broadcast
-                                                             and tensors >= 2)]
+             if p == "shared" or (p == "tile" and tile)
+             or (p in ("broadcast", "lengths") and broadcast and tensors >= 2)]
     return table[draw(st.integers(0, len(table) - 1))]
 
 
@@ -98,10 +102,11 @@ def broadcast_shapes(draw: Any, count: int, mutated: Sequence[bool]) -> tuple[tu
 
 def independent_lengths(draw: Any, base: tuple[int, ...],
                         count: int) -> list[tuple[tuple[int, ...], ...]]:
-    """Candidate shape tuples for ``count`` tensors of the shared shape ``base``: along one dim,
-    the tensors of a non-empty proper subset get another length (q ``(B, Lq, D)`` against k, v
-    ``(B, Lk, D)``; or v's feature dim against q's and k's), at most :data:`_LENGTH_TRIES` of
-    them, every dim and subset in turn from a drawn start. The caller keeps the first the
+    """Candidate shape tuples for ``count`` tensors of the shared shape ``base``: along one dim
+    (not of length 1), the tensors of a non-empty proper subset get another length from
+    :data:`OTHER_LENGTHS` (q ``(B, Lq, D)`` against k, v ``(B, Lk, D)``; or v's feature dim
+    against q's and k's), at most :data:`_LENGTH_TRIES` of them, every dim and subset in turn
+    from a drawn start. The two lengths never broadcast. The caller keeps the first the
     reference accepts. Three choices are drawn whatever the outcome; each shrinks to index 0
     (the first dim, the first subset, the shortest other length)."""
     dim0 = draw(st.integers(0, max(len(base) - 1, 0)))
@@ -116,7 +121,7 @@ def independent_lengths(draw: Any, base: tuple[int, ...],
         dim = (dim0 + d) % len(base)
         for s in range(subsets):
             mask = (start + s) % subsets + 1  # bit i: tensor i gets the other length
-            if len(out) == _LENGTH_TRIES or base[dim] == length:
+            if len(out) == _LENGTH_TRIES or base[dim] in (length, 1):
                 break
             out.append(tuple(base[:dim] + (length,) + base[dim + 1:] if mask >> i & 1 else base
                              for i in range(count)))
