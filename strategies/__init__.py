@@ -121,8 +121,6 @@ def arguments_for(signature: inspect.Signature, *,
                 values = list(args) + list(kw.values())
                 _derived.break_ties(values, _derived.cross_ties(values))
         out = Args(*args, **kw)
-        if plan == "lengths" and reference is not None:
-            return _lengths_or_shared(draw, out, kinds, dt, shp, reference, signature, locations)
         if plan == "broadcast":
             if reference is not None and not _accepts(reference, out, signature, locations):
                 return _lengths_or_shared(draw, out, kinds, dt, shp, reference, signature,
@@ -195,8 +193,8 @@ def _untied(reference: Callable[..., Any], example: Args) -> Args:
 def _lengths_or_shared(draw: Any, refused: Args, kinds: list, dt: torch.dtype,
                        shp: tuple[int, ...], reference: Callable[..., Any],
                        signature: inspect.Signature, locations: Mapping[str, Any]) -> Any:
-    """The independent-lengths plan, also drawn where the reference refused broadcast shapes:
-    some tensor arguments get another length along one dim, the first candidate of
+    """Where the reference refused broadcast shapes (``refused``): independent lengths (some
+    tensor arguments get another length along one dim), the first candidate of
     :func:`_derived.independent_lengths` the reference accepts, with the other arguments of
     ``refused`` (the example drawn so far); else the plain example of one shared shape."""
     slots = [k for k, (_, kind, _) in enumerate(kinds) if kind == "tensor"]
