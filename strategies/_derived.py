@@ -38,10 +38,9 @@ _BLOCK_MULTIPLES = 3
 # a plan of its own would reshuffle every multi-tensor spec's draws
 _PLANS = {"shared": 12, "tile": 9, "broadcast": 5}
 #: the other length one dim of some tensor arguments gets in the independent-lengths plan
-#: (smallest first: a failure shrinks toward short, readable lengths). Never 1, and a dim of
-#: length 1 is never changed: lengths 1 and n broadcast, which the broadcast plan draws; this
-#: plan draws the lengths broadcasting refuses (attention's Lq = 2 against Lk = 3)
-OTHER_LENGTHS: tuple[int, ...] = (2, 3, 4, 5, 7)
+#: (smallest first: a failure shrinks toward short, readable lengths; 1 is a query of one
+#: token against a longer key sequence, the decoding step of attention)
+OTHER_LENGTHS: tuple[int, ...] = (1, 2, 3, 4, 5, 7)
 # the most (dim, argument subset) pairs the independent-lengths plan offers the reference
 _LENGTH_TRIES = 16
 # the probe's step and the jump (relative to the values' magnitude) that counts as a kink
@@ -102,11 +101,10 @@ def broadcast_shapes(draw: Any, count: int, mutated: Sequence[bool]) -> tuple[tu
 
 def independent_lengths(draw: Any, base: tuple[int, ...],
                         count: int) -> list[tuple[tuple[int, ...], ...]]:
-    """Candidate shape tuples for ``count`` tensors of the shared shape ``base``: along one dim
-    (not of length 1), the tensors of a non-empty proper subset get another length from
-    :data:`OTHER_LENGTHS` (q ``(B, Lq, D)`` against k, v ``(B, Lk, D)``; or v's feature dim
-    against q's and k's), at most :data:`_LENGTH_TRIES` of them, every dim and subset in turn
-    from a drawn start. The two lengths never broadcast. The caller keeps the first the
+    """Candidate shape tuples for ``count`` tensors of the shared shape ``base``: along one dim,
+    the tensors of a non-empty proper subset get another length (q ``(B, Lq, D)`` against k, v
+    ``(B, Lk, D)``; or v's feature dim against q's and k's), at most :data:`_LENGTH_TRIES` of
+    them, every dim and subset in turn from a drawn start. The caller keeps the first the
     reference accepts. Three choices are drawn whatever the outcome; each shrinks to index 0
     (the first dim, the first subset, the shortest other length)."""
     dim0 = draw(st.integers(0, max(len(base) - 1, 0)))
@@ -121,7 +119,7 @@ def independent_lengths(draw: Any, base: tuple[int, ...],
         dim = (dim0 + d) % len(base)
         for s in range(subsets):
             mask = (start + s) % subsets + 1  # bit i: tensor i gets the other length
-            if len(out) == _LENGTH_TRIES or base[dim] in (length, 1):
+            if len(out) == _LENGTH_TRIES or base[dim] == length:
                 break
             out.append(tuple(base[:dim] + (length,) + base[dim + 1:] if mask >> i & 1 else base
                              for i in range(count)))
