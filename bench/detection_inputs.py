@@ -1,4 +1,5 @@
-"""Detection of the derived-input, cotangent, batched-gradient and write-only bugs
+"""Detection of the derived-input (independent lengths and extremes too), cotangent,
+batched-gradient and write-only bugs
 (tests/test_derived_inputs.py) at the default budget of 60 examples over N seeds, and time per
 example on the shipped examples: with the hard cases on and off, and (``--before DIR``, a
 checkout of an earlier commit) this tree against that one, interleaved in one run.
@@ -50,6 +51,13 @@ def bugs() -> dict:
     out["backward grad.view(-1)"] = t._double(lambda g: g.view(-1).view(g.shape) * 2)
     out["backward on an undefined grad"] = t._both(lambda g1, g2: g1 * 2 + g2 * 3)
     out["out= kernel reads its buffer"] = t._add_out(t._reads_out, write_only=("out",))
+    out["causal mask at the wrong corner"] = equivalent_to(t.attention_ref)(
+        lambda q, k, v: t._attention(q, k, v, bottom_right=False))
+    out["clip without non-finite check"] = equivalent_to(t.clip_ref, variants=t.EXTREMES)(
+        t._clip_unguarded)
+    out["naive float16 softplus"] = equivalent_to(
+        t.torch.nn.functional.softplus, variants=t.EXTREMES, settings=t.HALF)(
+        lambda x: t._naive_softplus(x))
     out = {k: (v, eager) for k, v in out.items()}
 
     def unbatched(ctx, grad):

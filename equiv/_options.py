@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from equiv.errors import InvalidArgument
 
 VARIANT_KINDS: tuple[str, ...] = ("layouts", "aliasing", "aliasing-mutated", "half",
-                                  "half-float32")
+                                  "half-float32", "extremes")
 DEFAULT_VARIANTS: tuple[str, ...] = ("layouts", "aliasing")
 #: the default for inputs derived from the signature: float16/bfloat16 examples as well (judged
 #: by the baseline-relative rule of equiv.numerics, so correct half kernels pass)

@@ -24,6 +24,9 @@ Switched per spec with ``equivalent_to(..., variants=...)``:
   from the signature: half results are judged by the baseline-relative rule
   (docs/numerics.md). A kernel that refuses a dtype with the same error as its reference
   rejects the example (it is not a finding).
+- ``"extremes"`` (opt-in): large and non-finite values at a few positions of one floating
+  argument, where the reference's results stay comparable
+  (:mod:`equiv.strategies._extremes`).
 
 For a mutated argument made expanded or aliased, the rule is "must raise or match": the
 implementation may raise (torch refuses in-place writes into overlapping memory), otherwise its
@@ -51,6 +54,7 @@ from equiv.numerics import round_to
 from equiv.roles import Roles
 from equiv.strategies import DERIVED_NOTE, layouts
 from equiv.strategies._derived import cross_ties, smooth_at
+from equiv.strategies._extremes import vary as _extremes_vary
 from equiv.strategies._layouts import _gap_value
 
 __all__ = ["DEFAULT_VARIANTS", "VARIANT_KINDS", "NO_VARIANT", "Variant", "excused",
@@ -61,7 +65,7 @@ __all__ = ["DEFAULT_VARIANTS", "VARIANT_KINDS", "NO_VARIANT", "Variant", "excuse
 # Hypothesis already favours it, so its weight is small)
 _CHOICE_WEIGHTS = {"float16": 16, "bfloat16": 9, "none": 1, "transposed": 24, "permuted": 6, "sliced": 8, "window": 4,
                    "channels_last": 3, "expanded": 20, "same": 20,
-                   "overlapping": 50}
+                   "overlapping": 50, "extremes": 40}
 # the explicit "half" variant (opt-in) draws half casts more often than the default
 # "half-float32" one, which every derived-input spec has
 _HALF_OPT_IN = {"float16": 48, "bfloat16": 20}
@@ -116,6 +120,8 @@ def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
         options += list(_ALIAS_CHOICES)
     if "half" in kinds or "half-float32" in kinds:
         options += ["float16", "bfloat16"]
+    if "extremes" in kinds:
+        options += ["extremes"]
     # the variant is the first choice (Hypothesis varies a test case's first choices most), with
     # fixed weights; index 0 (no variant) is the shrink target
     weights = {**_CHOICE_WEIGHTS, **(_HALF_OPT_IN if "half" in kinds else {})}
@@ -125,7 +131,10 @@ def with_variants(inputs: st.SearchStrategy, signature: inspect.Signature,
     def build(draw: Any) -> tuple[Any, Variant]:
         choice = table[draw(st.integers(0, len(table) - 1))]
         example = settle(draw(inputs))
-        changed, variant = _vary(draw, example, choice, signature, mutated, kinds, roles)
+        if choice == "extremes":
+            changed, variant = _extremes(draw, example, signature, kinds, roles, reference)
+        else:
+            changed, variant = _vary(draw, example, choice, signature, mutated, kinds, roles)
         if variant.overlaps and not _ties_smooth(reference, changed):
             changed, variant = example, NO_VARIANT  # a tie at a kink of the reference
         return changed, _noted(example, variant)
@@ -180,6 +189,20 @@ def _vary(draw: Any, example: Any, choice: str, signature: inspect.Signature,
             return example, NO_VARIANT
     bound.arguments.update(values)
     return Args(*bound.args, **bound.kwargs), variant
+
+
+def _extremes(draw: Any, example: Any, signature: inspect.Signature, kinds: tuple[str, ...],
+              roles: Roles | None, reference: Callable[..., Any] | None) -> tuple[Any, Variant]:
+    """``example`` with large and non-finite values planted where the reference's result stays
+    comparable (:func:`equiv.strategies._extremes.vary`)."""
+    try:
+        args = as_args(example)
+    except TypeError:
+        return example, NO_VARIANT  # the runner reports the bad example
+    own = (lambda n: "extremes" in roles.kinds_of(n, kinds)) if roles is not None else (
+        lambda n: True)
+    changed, description = _extremes_vary(draw, args, signature, own, reference)
+    return (changed, Variant(description)) if description else (example, NO_VARIANT)
 
 
 def _ties_smooth(reference: Callable[..., Any] | None, example: Any) -> bool:

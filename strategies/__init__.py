@@ -123,10 +123,9 @@ def arguments_for(signature: inspect.Signature, *,
         out = Args(*args, **kw)
         if plan == "broadcast":
             if reference is not None and not _accepts(reference, out, signature, locations):
-                return _build_shared(draw, kinds, dt, shp)
-            shown = ", ".join(f"{n} {tuple(per_arg[k])}" for k, (n, kind, _) in enumerate(kinds)
-                              if kind == "tensor")
-            words.insert(0, f"broadcast shapes: {shown}")
+                return _lengths_or_shared(draw, out, kinds, dt, shp, reference, signature,
+                                          locations)
+            words.insert(0, f"broadcast shapes: {_shown(kinds, per_arg)}")
         if words:
             object.__setattr__(out, DERIVED_NOTE, ("; ".join(words), plan == "broadcast"))
         return out
@@ -181,6 +180,67 @@ def _build_shared(draw: Any, kinds: list, dt: torch.dtype, shp: tuple[int, ...])
         value = (draw(tensors(shape=shp, dtype=dt, requires_grad=True)) if kind == "tensor"
                  else draw(kind))
         (kw.__setitem__(name, value) if keyword else args.append(value))
+    return Args(*args, **kw)
+
+
+def _untied(reference: Callable[..., Any], example: Args) -> Args:
+    """``example`` with its equal simple values across arguments moved off the tie where the
+    reference has a kink there (``x == lo`` in ``clamp``), as in a plain example (in place)."""
+    _smooth_planted(reference, list(example.args), dict(example.kwargs), {})
+    return example
+
+
+def _lengths_or_shared(draw: Any, refused: Args, kinds: list, dt: torch.dtype,
+                       shp: tuple[int, ...], reference: Callable[..., Any],
+                       signature: inspect.Signature, locations: Mapping[str, Any]) -> Any:
+    """Where the reference refused broadcast shapes (``refused``): independent lengths (some
+    tensor arguments get another length along one dim), the first candidate of
+    :func:`_derived.independent_lengths` the reference accepts, with the other arguments of
+    ``refused`` (the example drawn so far); else the plain example of one shared shape."""
+    slots = [k for k, (_, kind, _) in enumerate(kinds) if kind == "tensor"]
+    for shapes_ in _derived.independent_lengths(draw, tuple(shp), len(slots)):
+        per_arg = dict(zip(slots, shapes_))
+        if _accepts(reference, _with_tensors(refused, kinds, per_arg, _probe_tensor, dt),
+                    signature, locations):
+            break
+    else:
+        return _untied(reference, _build_shared(draw, kinds, dt, shp))
+    out = _with_tensors(refused, kinds, per_arg, lambda s, d: draw(
+        tensors(shape=s, dtype=d, requires_grad=True)), dt)
+    if not _accepts(reference, _untied(reference, out), signature, locations):
+        return _untied(reference, _build_shared(draw, kinds, dt, shp))  # refused: these values
+    object.__setattr__(out, DERIVED_NOTE,
+                       (f"independent lengths: {_shown(kinds, per_arg)}", True))
+    return out
+
+
+def _shown(kinds: list, per_arg: dict[int, tuple[int, ...]]) -> str:
+    """``"x (2, 1), y (3,)"``: each tensor parameter's shape."""
+    return ", ".join(f"{kinds[k][0]} {tuple(per_arg[k])}" for k in sorted(per_arg))
+
+
+def _probe_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Distinct simple values of ``shape``: enough to ask the reference whether it accepts
+    the shapes."""
+    n = _numel(shape)
+    return (torch.arange(n, dtype=torch.float64).remainder(7) - 2.5).to(dtype).reshape(shape)
+
+
+def _with_tensors(example: Args, kinds: list, per_arg: dict[int, tuple[int, ...]],
+                  make: Callable[[tuple[int, ...], torch.dtype], torch.Tensor],
+                  dt: torch.dtype) -> Args:
+    """``example`` with the tensor argument at each position of ``per_arg`` replaced by
+    ``make(shape, dt)``; the other arguments are kept."""
+    args, kw = list(example.args), dict(example.kwargs)
+    pos = 0
+    for k, (name, _, keyword) in enumerate(kinds):
+        if k in per_arg:
+            value = make(per_arg[k], dt)
+            if keyword:
+                kw[name] = value
+            else:
+                args[pos] = value
+        pos += not keyword
     return Args(*args, **kw)
 
 

@@ -1,5 +1,6 @@
 """The hard cases of inputs derived from a signature: lengths that straddle tile sizes,
-broadcastable shape tuples, and exact zeros and ties planted where the reference is smooth.
+broadcastable shape tuples, independent lengths per argument, and exact zeros and ties planted
+where the reference is smooth.
 
 Each hard case is a drawn choice whose index 0 is "none", so a failure shrinks toward the plain
 example. Zeros and ties are kinks of many references (``relu`` at 0, ``max`` of equal elements),
@@ -32,8 +33,16 @@ TILE_LENGTHS: tuple[int, ...] = tuple(sorted(
 # how many multiples of each block size are drawn (k*b - 1, k*b, k*b + 1 for k = 1..3)
 _BLOCK_MULTIPLES = 3
 # shape plans: index 0 (one shared small shape) is the shrink target; weights out of the table
-# (a tile length in about one example in four: bench/detection_inputs.py measures the rates)
+# (a tile length in about one example in four: bench/detection_inputs.py measures the rates).
+# The broadcast plan draws independent lengths where the reference refuses broadcast shapes:
+# a plan of its own would reshuffle every multi-tensor spec's draws
 _PLANS = {"shared": 12, "tile": 9, "broadcast": 5}
+#: the other length one dim of some tensor arguments gets in the independent-lengths plan
+#: (smallest first: a failure shrinks toward short, readable lengths; 1 is a query of one
+#: token against a longer key sequence, the decoding step of attention)
+OTHER_LENGTHS: tuple[int, ...] = (1, 2, 3, 4, 5, 7)
+# the most (dim, argument subset) pairs the independent-lengths plan offers the reference
+_LENGTH_TRIES = 16
 # the probe's step and the jump (relative to the values' magnitude) that counts as a kink
 _STEP = 1e-5
 _JUMP = 1e-2
@@ -88,6 +97,33 @@ def broadcast_shapes(draw: Any, count: int, mutated: Sequence[bool]) -> tuple[tu
     shapes, result = draw(mutually_broadcastable_shapes(
         num_shapes=count, min_dims=1, max_dims=3, min_side=1, max_side=4))
     return tuple(tuple(result) if m else tuple(s) for s, m in zip(shapes, mutated))
+
+
+def independent_lengths(draw: Any, base: tuple[int, ...],
+                        count: int) -> list[tuple[tuple[int, ...], ...]]:
+    """Candidate shape tuples for ``count`` tensors of the shared shape ``base``: along one dim,
+    the tensors of a non-empty proper subset get another length (q ``(B, Lq, D)`` against k, v
+    ``(B, Lk, D)``; or v's feature dim against q's and k's), at most :data:`_LENGTH_TRIES` of
+    them, every dim and subset in turn from a drawn start. The caller keeps the first the
+    reference accepts. Three choices are drawn whatever the outcome; each shrinks to index 0
+    (the first dim, the first subset, the shortest other length)."""
+    dim0 = draw(st.integers(0, max(len(base) - 1, 0)))
+    subsets = 2 ** count - 2
+    start = draw(st.integers(0, max(subsets - 1, 0)))
+    other = [n for n in OTHER_LENGTHS if not base or n != base[dim0]]
+    length = other[draw(st.integers(0, len(other) - 1))]
+    if not base or subsets < 1:
+        return []
+    out = []
+    for d in range(len(base)):
+        dim = (dim0 + d) % len(base)
+        for s in range(subsets):
+            mask = (start + s) % subsets + 1  # bit i: tensor i gets the other length
+            if len(out) == _LENGTH_TRIES or base[dim] == length:
+                break
+            out.append(tuple(base[:dim] + (length,) + base[dim + 1:] if mask >> i & 1 else base
+                             for i in range(count)))
+    return out
 
 
 def plant(draw: Any, t: torch.Tensor, apply: bool) -> list[tuple[int, str]]:

@@ -377,6 +377,181 @@ def test_mutated_argument_keeps_the_full_broadcast_shape():
     passes(add_)
 
 
+# -- independent lengths: attention's query and key lengths ---------------------------------------
+def _attention(q, k, v, bottom_right: bool):
+    """Causal attention over the last two dims; with ``bottom_right`` the last query sees every
+    key (the alignment for a query block at the end of a longer key sequence), else query i
+    sees keys 0..i (top-left). Equal lengths hide the difference."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-2, -1)
+    i = torch.arange(lq)[:, None]
+    j = torch.arange(lk)[None, :]
+    seen = j <= i + (lk - lq if bottom_right else 0)
+    scores = scores.masked_fill(~seen, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def attention_ref(q, k, v):
+    lq, lk = q.shape[-2], k.shape[-2]
+    mask = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)  # bottom-right aligned
+    scores = (q @ k.transpose(-2, -1)).masked_fill(~mask, torch.finfo(q.dtype).min)
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def test_causal_mask_aligned_at_the_wrong_corner_is_caught_with_independent_lengths():
+    """Shared shapes give q and k one length, where both corners coincide; the reference
+    refuses broadcast shapes (``k.transpose(-2, -1)`` of a 1-D k), so those examples draw
+    another length for some arguments along one dim."""
+    @equivalent_to(attention_ref)
+    def attention(q, k, v):
+        return _attention(q, k, v, bottom_right=False)
+
+    f = caught(attention, "forward", "input variant: independent lengths: q (")
+    assert "output differs from the reference" in f.message or "differs" in f.message
+
+
+def test_causal_mask_aligned_at_the_right_corner_passes():
+    @equivalent_to(attention_ref)
+    def attention(q, k, v):
+        return _attention(q, k, v, bottom_right=True)
+
+    passes(attention)
+
+
+def test_independent_lengths_keep_the_shapes_the_reference_accepts():
+    """Every candidate the plan offers changes one dim of a proper subset of the arguments;
+    index 0 of each choice is the first dim, the first subset, the shortest other length."""
+    from equiv.strategies._derived import independent_lengths
+
+    def smallest(base):
+        return hypothesis.find(st.composite(lambda draw: independent_lengths(draw, base, 3))(),
+                               lambda s: True, settings=hypothesis.settings(database=None))
+
+    shapes = smallest((2, 3, 4))
+    assert shapes[0] == ((1, 3, 4), (2, 3, 4), (2, 3, 4))
+    for cand in shapes:
+        changed = [s != (2, 3, 4) for s in cand]
+        assert any(changed) and not all(changed)
+        assert len({d for s in cand for d, (a, b) in enumerate(zip(s, (2, 3, 4))) if a != b}) == 1
+    assert ((2, 3, 4), (2, 1, 4), (2, 1, 4)) in shapes
+    assert smallest(()) == []
+
+
+# -- extremes: large and non-finite values (opt-in variant) --------------------------------------
+EXTREMES = ("layouts", "aliasing", "half-float32", "extremes")
+
+
+def clip_ref(g):
+    """Scale ``g`` to norm at most 1; a non-finite norm skips the step (zeros), as AMP does."""
+    with torch.no_grad():
+        norm = torch.linalg.vector_norm(g)
+        scale = torch.clamp(1.0 / (norm + 1e-6), max=1.0)
+        return torch.where(torch.isfinite(norm), g * scale, torch.zeros_like(g))
+
+
+def _clip_unguarded(g):
+    """Scale to norm at most 1 without the non-finite check: an inf or NaN spreads NaN."""
+    with torch.no_grad():
+        return g * torch.clamp(1.0 / (torch.linalg.vector_norm(g) + 1e-6), max=1.0)
+
+
+def _clip_guarded(g):
+    """The guard in Python and the scale as a Python float. The norm is vector_norm's: a
+    hand-written ``g.square().sum().sqrt()`` overflows where vector_norm does not (one element
+    near float32's max; 127 float16 elements of magnitude ~60), which is a real bug."""
+    with torch.no_grad():
+        norm = torch.linalg.vector_norm(g)
+        if not torch.isfinite(norm):
+            return torch.zeros_like(g)
+        return g * min(1.0, 1.0 / (float(norm) + 1e-6))
+
+
+def test_grad_clipping_missing_the_non_finite_check_is_caught_with_extremes():
+    @equivalent_to(clip_ref, variants=EXTREMES)
+    def clip(g):
+        return _clip_unguarded(g)
+
+    caught(clip, "forward", "input variant: extremes in g:")
+
+
+def test_grad_clipping_with_the_non_finite_check_passes_with_extremes():
+    @equivalent_to(clip_ref, variants=EXTREMES)
+    def clip(g):
+        return _clip_guarded(g)
+
+    passes(clip)
+
+
+def test_moderate_values_miss_the_missing_non_finite_check():
+    """The control: without the variant the bug is invisible."""
+    @equivalent_to(clip_ref)
+    def clip(g):
+        return _clip_unguarded(g)
+
+    assert run(clip).ok
+
+
+class _StableSoftplus(torch.autograd.Function):
+    """softplus without overflow in float16: ``x + log1p(exp(-x))`` past 10."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        big = x > 10
+        return torch.where(big, x + torch.log1p(torch.exp(-x.clamp(min=10))),
+                           torch.log1p(torch.exp(x.clamp(max=10))))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * torch.sigmoid(x)
+
+
+HALF = equiv.settings(dtypes=("float16",))
+
+
+def test_naive_softplus_overflowing_in_float16_is_caught_with_extremes():
+    @equivalent_to(torch.nn.functional.softplus, variants=EXTREMES, settings=HALF)
+    def softplus(x):
+        return _naive_softplus(x)
+
+    caught(softplus, "forward", "input variant: extremes in x:", "dtype: torch.float16")
+
+
+def _naive_softplus(x):
+    """``log(1 + exp(x))`` with exp in the input's dtype (log1p in float32): overflows past
+    11.09 in float16, and is otherwise within rounding."""
+    return torch.log1p(torch.exp(x).float()).to(x.dtype)
+
+
+def test_stable_softplus_passes_with_extremes_in_float16():
+    @equivalent_to(torch.nn.functional.softplus, variants=EXTREMES, settings=HALF)
+    def softplus(x):
+        return _StableSoftplus.apply(x)
+
+    passes(softplus)
+
+
+def test_extremes_are_kept_only_where_the_reference_stays_comparable():
+    from equiv.strategies._extremes import comparable, extreme_values
+
+    assert extreme_values(torch.float16)[:4] == (11.5, -11.5, 12.0, -12.0)
+    assert extreme_values(torch.float32)[2] == 89.0 and extreme_values(torch.float32)[-3:-1] == (
+        float("inf"), float("-inf"))
+    big = torch.tensor([3e38, 1.0])
+    assert comparable(torch.exp, [torch.tensor([float("inf"), 1.0])], {})  # inf at both
+    assert not comparable(lambda x: x * x, [big], {})       # overflows in float32 only
+    assert comparable(lambda x: x * 0.5, [big], {})
+    assert not comparable(None, [big], {})
+    def strict(x):
+        if not torch.isfinite(x * x).all():
+            raise ValueError("non-finite")
+        return x
+
+    assert not comparable(strict, [big], {})   # raises in float32 only
+    assert comparable(strict, [torch.tensor([float("nan")])], {})  # raises at both
+
+
 # -- aliasing: the row and the column of one base ------------------------------------------------
 def _dedup_mul(key):
     class Mul(torch.autograd.Function):
