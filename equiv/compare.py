@@ -9,13 +9,13 @@ from typing import Any, Iterator
 
 import torch
 
-from equiv._compat import default_tolerances, keystr, tree_flatten_with_path
+from equiv._compat import default_tolerances, equal, keystr, tree_flatten_with_path
 from equiv.errors import user_error
 from equiv.examples import tensor_summary
 
 #: bound at import: a spec that replaces ``torch.equal`` or ``torch.testing.assert_close``
-#: cannot change how later specs are compared
-_equal = torch.equal
+#: cannot change how later specs are compared (:func:`equiv._compat.equal` binds its own)
+_equal = equal
 _assert_close = torch.testing.assert_close
 
 @dataclasses.dataclass(frozen=True)

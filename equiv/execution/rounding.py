@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from equiv._compat import TorchDispatchMode, decompositions, tree_map
+from equiv._compat import TorchDispatchMode, decompositions, equal, tree_map
 
 #: the relative size of each simulated rounding: float32's eps (twice its unit roundoff). A
 #: float16/bfloat16 kernel computes in float32 and rounds its result once (the ULP floor)
@@ -150,7 +150,7 @@ def _same(a: torch.Tensor, b: Any, spread: torch.Tensor | None = None) -> bool:
 
 def _identical(a: torch.Tensor, b: Any) -> bool:
     return (isinstance(b, torch.Tensor) and a is not b and a.dtype == b.dtype
-            and a.device == b.device and a.shape == b.shape and torch.equal(a, b))
+            and a.device == b.device and a.shape == b.shape and equal(a, b))
 
 
 def _storage(t: torch.Tensor) -> int:
