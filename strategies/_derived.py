@@ -13,11 +13,12 @@ import math
 
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
-from equiv._compat import equal, tree_flatten
+from equiv._compat import equal, numpy_view, tree_flatten
 from equiv.errors import user_error
 
 #: the most elements a derived tensor with a tile-straddling length has (time per example stays
@@ -241,6 +242,11 @@ def _close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
             if not equal(x, y):
                 return False
             continue
+        xs, ys = numpy_view(x), numpy_view(y)
+        if xs is not None and ys is not None:  # the same test in NumPy, several times cheaper
+            if not _close_numpy(xs, ys):
+                return False
+            continue
         if not equal(torch.isfinite(x), torch.isfinite(y)):
             return False
         # where both are non-finite the difference is NaN (or inf against an inf bound): never
@@ -248,6 +254,19 @@ def _close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
         if ((x - y).abs() > _JUMP * (1 + x.abs())).any():
             return False
     return True
+
+
+def _close_numpy(x: np.ndarray, y: np.ndarray) -> bool:
+    """:func:`_close` of two float64 or complex128 arrays: the same operations in the same
+    order, so the same answer."""
+    if not np.array_equal(np.isfinite(x), np.isfinite(y)):
+        return False
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, never a gap
+        gap = np.abs(x - y)
+        bound = np.abs(x)
+        bound += 1
+        bound *= _JUMP
+        return not bool(np.greater(gap, bound).any())
 
 
 def cross_ties(values: Sequence[Any]) -> dict[int, list[int]]:
