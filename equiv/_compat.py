@@ -37,8 +37,8 @@ def numpy_view(t: torch.Tensor) -> Any:
     reduction kernels cost several times NumPy's (one thread, a million float32 elements:
     ``torch.equal`` ~1.5 ms against ~0.2 ms, ``!=`` ~1.5 against ~0.13 ms, a bool ``any``
     ~1.1 against ~0.03 ms)."""
-    if (t.device.type != "cpu" or t.dtype not in _NUMPY_DTYPES
-            or t.numel() < _NUMPY_EQUAL_MIN or type(t) not in _PLAIN
+    if (t.numel() < _NUMPY_EQUAL_MIN or t.device.type != "cpu" or t.dtype not in _NUMPY_DTYPES
+            or type(t) not in _PLAIN
             or t.layout != torch.strided or t.is_conj() or t.is_neg()):
         return None
     try:
@@ -51,7 +51,8 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """``torch.equal(a, b)``; two large CPU tensors of one dtype, shape and strides compared
     by NumPy's vectorised ``==`` (:func:`numpy_view`), which answers the same (IEEE
     equality: NaN differs from itself, ``0.0`` equals ``-0.0``)."""
-    if a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride():
+    if (a.numel() >= _NUMPY_EQUAL_MIN and a.dtype == b.dtype and a.shape == b.shape
+            and a.stride() == b.stride()):
         x = numpy_view(a)
         y = None if x is None else numpy_view(b)
         if y is not None:
