@@ -261,7 +261,7 @@ def _close_numpy(x: np.ndarray, y: np.ndarray) -> bool:
     order, so the same answer."""
     if not np.array_equal(np.isfinite(x), np.isfinite(y)):
         return False
-    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, never a gap
+    with np.errstate(all="ignore"):  # inf - inf: NaN, never a gap
         gap = np.abs(x - y)
         bound = np.abs(x)
         bound += 1
