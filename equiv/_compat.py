@@ -1,4 +1,5 @@
-"""Every private torch import lives here, behind version guards."""
+"""Every private torch import lives here, behind version guards; and the NumPy views through
+which equiv compares large CPU tensors (torch's CPU comparison kernels are slower)."""
 
 from __future__ import annotations
 
