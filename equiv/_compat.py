@@ -20,10 +20,10 @@ keystr = pytree.keystr
 tree_map = pytree.tree_map
 
 
-
-# -- bitwise-level equality --------------------------------------------------------------------
+# -- NumPy views of large CPU tensors: equality and elementwise tests -------------------------
 #: bound at import: a spec may replace ``torch.equal`` (equiv puts it back after each call)
 _TORCH_EQUAL = torch.equal
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: below this many elements torch.equal's own call is as fast as the handover to NumPy
 _NUMPY_EQUAL_MIN = 1 << 14
 _NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.complex64,
@@ -39,8 +39,7 @@ def numpy_view(t: torch.Tensor) -> Any:
     ``torch.equal`` ~1.5 ms against ~0.2 ms, ``!=`` ~1.5 against ~0.13 ms, a bool ``any``
     ~1.1 against ~0.03 ms)."""
     if (t.numel() < _NUMPY_EQUAL_MIN or t.device.type != "cpu" or t.dtype not in _NUMPY_DTYPES
-            or type(t) not in _PLAIN
-            or t.layout != torch.strided or t.is_conj() or t.is_neg()):
+            or type(t) not in _PLAIN or t.layout != torch.strided or t.is_conj() or t.is_neg()):
         return None
     try:
         return t.detach().numpy()
@@ -59,9 +58,6 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         if y is not None:
             return bool(_np.array_equal(x, y))
     return _TORCH_EQUAL(a, b)
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 # -- custom Functions and torch.library custom ops (equiv.checks.function) -------------------
