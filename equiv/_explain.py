@@ -4,6 +4,10 @@ While Hypothesis searches and shrinks, a failing example only needs its verdict 
 fail, which values mismatch): its messages are discarded. The explanation of a failure (the
 numbers of a numeric mismatch beyond its verdict, why a gradient differs at a kink, the
 timeline replay) is computed once, on the minimal example Hypothesis replays to report it.
+
+While it searches, Hypothesis tells bugs apart by the check of an example's first finding
+alone, so there the checks after the first one that fails need not run (:func:`searching`);
+a replay that asks which checks fail (attribution) runs them all.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import contextvars
 from typing import Iterator
 
 _EXPLAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("equiv_explain", default=True)
+_SEARCH: contextvars.ContextVar[bool] = contextvars.ContextVar("equiv_search", default=False)
 
 
 def explaining() -> bool:
@@ -28,3 +33,20 @@ def verdict_only(on: bool = True) -> Iterator[None]:
         yield
     finally:
         _EXPLAIN.reset(token)
+
+
+def first_finding_decides() -> bool:
+    """True while Hypothesis searches or shrinks: only an example's first finding is read."""
+    return _SEARCH.get()
+
+
+@contextlib.contextmanager
+def searching(on: bool = True) -> Iterator[None]:
+    """Within (when ``on``): failures are judged, not explained, and the checks after an
+    example's first finding are skipped."""
+    token = _SEARCH.set(on)
+    try:
+        with verdict_only(on):
+            yield
+    finally:
+        _SEARCH.reset(token)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from equiv._compat import default_tolerances, equal, keystr, numpy_view, tree_flatten_with_path
+from equiv._explain import explaining
 from equiv.errors import user_error
 from equiv.examples import tensor_summary
 
@@ -18,6 +19,7 @@ from equiv.examples import tensor_summary
 #: cannot change how later specs are compared (:func:`equiv._compat.equal` binds its own)
 _equal = equal
 _assert_close = torch.testing.assert_close
+_isclose = torch.isclose
 
 @dataclasses.dataclass(frozen=True)
 class Mismatch:
@@ -74,30 +76,41 @@ def _flatten(tree: Any) -> tuple[list[tuple[str, Any]], Any]:
     return [(keystr(p), v) for p, v in leaves], spec
 
 
+#: elements per chunk of :func:`_numbers`'s float64 temporaries (2 MiB each)
+_CHUNK = 1 << 18
+
+
 def _numbers(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float, tuple[int, ...]]:
-    a = actual.detach().to("cpu")
-    e = expected.detach().to("cpu")
-    if a.is_complex() or e.is_complex():
-        a, e = a.to(torch.complex128), e.to(torch.complex128)
-    else:
-        a, e = a.to(torch.float64), e.to(torch.float64)
-    diff = (a - e).abs()
-    both_nan = torch.isnan(a.abs() if a.is_complex() else a) & torch.isnan(
-        e.abs() if e.is_complex() else e)
-    diff = torch.where(both_nan, torch.zeros_like(diff), diff)
-    diff = torch.nan_to_num(diff, nan=float("inf"))
-    if diff.numel() == 0:
+    """(greatest absolute difference, greatest relative difference, the index of the first)
+    in float64 (complex128), NaN equal to NaN, any other NaN an infinite difference; read in
+    chunks of :data:`_CHUNK` elements."""
+    a = actual.detach().to("cpu").reshape(-1)
+    e = expected.detach().to("cpu").reshape(-1)
+    if a.numel() == 0:
         return 0.0, 0.0, ()
-    flat = int(diff.reshape(-1).argmax())
-    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) \
-        if diff.dim() else ()
-    rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
-    return float(diff.max()), float(torch.nan_to_num(rel, nan=float("inf")).max()), index
+    wide = torch.complex128 if a.is_complex() or e.is_complex() else torch.float64
+    max_abs, max_rel, flat = -1.0, 0.0, 0
+    for i in range(0, a.numel(), _CHUNK):
+        a_c, e_c = a[i:i + _CHUNK].to(wide), e[i:i + _CHUNK].to(wide)
+        diff = (a_c - e_c).abs()
+        both_nan = torch.isnan(a_c.abs() if a_c.is_complex() else a_c) & torch.isnan(
+            e_c.abs() if e_c.is_complex() else e_c)
+        diff = torch.nan_to_num_(diff.masked_fill_(both_nan, 0.0), nan=float("inf"))
+        j = int(diff.argmax())
+        if float(diff[j]) > max_abs:
+            max_abs, flat = float(diff[j]), i + j
+        rel = diff.div_(e_c.abs().clamp_min_(torch.finfo(torch.float64).tiny))
+        max_rel = max(max_rel, float(torch.nan_to_num_(rel, nan=float("inf")).max()))
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), actual.shape)) \
+        if actual.dim() else ()
+    return max_abs, max_rel, index
 
 
 def compare_leaf(actual: Any, expected: Any, *, rtol: float | None, atol: float | None,
-                 path: str = "", exact: bool = False) -> Mismatch | None:
-    """Compare one value; ``exact`` demands bitwise equality (NaN equal to NaN)."""
+                 path: str = "", exact: bool = False, numbers: bool = True) -> Mismatch | None:
+    """Compare one value; ``exact`` demands bitwise equality (NaN equal to NaN).
+    ``numbers=False``: while failures are only judged, a tensor mismatch comes without its
+    numbers (greatest differences, index)."""
     if expected is None or actual is None:
         if actual is expected:
             return None
@@ -106,14 +119,16 @@ def compare_leaf(actual: Any, expected: Any, *, rtol: float | None, atol: float 
     if a_t != e_t:
         return Mismatch(path, f"expected {_short(expected)}, got {_short(actual)}")
     if a_t:
-        return _compare_tensors(actual, expected, rtol=rtol, atol=atol, path=path, exact=exact)
+        return _compare_tensors(actual, expected, rtol=rtol, atol=atol, path=path, exact=exact,
+                                numbers=numbers)
     if not (_numeric(actual) and _numeric(expected)):
         return _compare_objects(actual, expected, path)
     return _compare_numbers(actual, expected, rtol=rtol, atol=atol, path=path, exact=exact)
 
 
 def _compare_tensors(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float | None,
-                     atol: float | None, path: str, exact: bool) -> Mismatch | None:
+                     atol: float | None, path: str, exact: bool,
+                     numbers: bool = True) -> Mismatch | None:
     """Two tensors: bitwise equal, else within tolerance, else the numbers of the mismatch."""
     if actual.dtype == expected.dtype == torch.complex32:
         # no comparison kernels for complex32: compare in complex64 at complex32's tolerance
@@ -133,6 +148,8 @@ def _compare_tensors(actual: torch.Tensor, expected: torch.Tensor, *, rtol: floa
         rtol, atol = _DTYPE_TOLERANCES.get().get(expected.dtype, (None, None))
     if not exact and _close_fast(actual, expected, rtol, atol):
         return None
+    if not explaining():  # only the verdict is read: no message
+        return _judged(actual, expected, rtol, atol, path, numbers)
     lines = _not_close(actual, expected, rtol, atol)
     if lines is None:
         return None
@@ -140,6 +157,31 @@ def _compare_tensors(actual: torch.Tensor, expected: torch.Tensor, *, rtol: floa
         max_abs, max_rel, index = _numbers(actual, expected)
         return Mismatch(path, "\n".join(lines), max_abs, max_rel, index)
     return Mismatch(path, "\n".join(lines))
+
+
+#: the dtypes :func:`_judged` compares as ``assert_close`` does, with ``torch.isclose``
+_CLOSE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _judged(actual: torch.Tensor, expected: torch.Tensor, rtol: float | None,
+            atol: float | None, path: str, numbers: bool = True) -> Mismatch | None:
+    """:func:`_compare_tensors`'s verdict without ``assert_close``'s message: for two floating
+    tensors of one dtype, shape and device, its test (``torch.isclose``, NaN equal to NaN, at
+    the dtype's default tolerance when none is given) and the numbers; other pairs take the
+    full path. ``numbers``: with the greatest differences and their index."""
+    found = (rtol, atol) if rtol is not None else default_tolerances(actual.dtype)
+    if found is None or not (actual.dtype == expected.dtype and actual.dtype in _CLOSE_DTYPES
+                             and actual.shape == expected.shape
+                             and actual.device == expected.device):
+        lines = _not_close(actual, expected, rtol, atol)
+        return None if lines is None else Mismatch(path, "\n".join(lines))
+    rtol, atol = found
+    with torch.no_grad():
+        if bool(_isclose(actual.detach(), expected.detach(), rtol=rtol, atol=atol,
+                         equal_nan=True).all()):
+            return None
+    text = f"Tensor-likes are not close (rtol={rtol:g}, atol={atol:g})."
+    return Mismatch(path, text, *_numbers(actual, expected)) if numbers else Mismatch(path, text)
 
 
 def _compare_numbers(actual: Any, expected: Any, *, rtol: float | None, atol: float | None,

@@ -241,31 +241,173 @@ def _errors(actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor |
     return diff, float(b_err.max()) if b_err.numel() else 0.0
 
 
-def _worst(excess: torch.Tensor) -> tuple[int, tuple[int, ...]]:
-    flat = int(excess.reshape(-1).argmax())
-    if excess.dim() == 0:
-        return flat, ()
-    return flat, tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), excess.shape))
+#: elements per chunk of the verdict's elementwise passes: each float64 temporary is 2 MiB,
+#: so judging a large tensor holds a few chunks, not a few copies of the tensor
+CHUNK = 1 << 18
 
 
-def _ulp_stats(diff: torch.Tensor, oracle: torch.Tensor, dtype: torch.dtype,
-               p99: bool = True) -> tuple[float, float | None]:
-    """(max, 99th percentile) of the ULP distance; the percentile only when ``p99``, for at
-    least ``P99_MIN_ELEMENTS`` and at most 16e6 elements."""
-    d = (diff / ulp(_to64(oracle).abs(), dtype)).reshape(-1)
-    d = torch.nan_to_num(d, nan=math.inf, posinf=math.inf)
-    q = _quantile(d, 0.99) if p99 and d.numel() >= P99_MIN_ELEMENTS and \
-        d.numel() <= 16_000_000 else None
-    return float(d.max()), q
+@dataclasses.dataclass
+class _Operands:
+    """The tensors one verdict reads, flattened (a view, or one copy of a non-contiguous
+    tensor at its own dtype), read in chunks converted to float64 one at a time."""
+
+    actual: torch.Tensor
+    oracle: torch.Tensor
+    baseline: torch.Tensor | None
+    magnitude: torch.Tensor | None
+    rounding: torch.Tensor | None
+
+    @classmethod
+    def of(cls, *tensors: torch.Tensor | None) -> "_Operands":
+        return cls(*(None if t is None else t.detach().reshape(-1) for t in tensors))
+
+    def chunks(self) -> Iterable[tuple[int, list[torch.Tensor | None]]]:
+        """(first element, [actual, oracle, baseline, magnitude, rounding] of the chunk)."""
+        n = self.actual.numel()
+        every = (self.actual, self.oracle, self.baseline, self.magnitude, self.rounding)
+        for i in range(0, n, CHUNK):
+            yield i, [None if t is None else _to64(t[i:i + CHUNK]) for t in every]
 
 
-def _quantile(d: torch.Tensor, q: float) -> float:
-    """``torch.quantile(d, q)`` of a NaN-free 1-d float64 ``d`` (linear interpolation), from
-    the largest ``(1 - q)`` share of ``d`` (``topk``) instead of a sort of all of it."""
-    n = d.numel()
-    rank = torch.tensor(q, dtype=d.dtype) * (n - 1)
+def _baseline_scalars(ops: _Operands, dtype: torch.dtype,
+                      ulps: bool) -> tuple[float | None, float]:
+    """(the baseline's error ``max |baseline - oracle|`` over its finite elements, and when
+    ``ulps`` its worst distance in ULPs of ``dtype`` at ``|oracle|``, both finite)."""
+    if ops.baseline is None:
+        return None, 0.0
+    e_b, b_ulps = 0.0, 0.0
+    for _, (_, o, b, _, _) in ops.chunks():
+        err = (b - o).abs()
+        e_b = max(e_b, float(torch.nan_to_num(err, nan=0.0, posinf=0.0).max()))
+        if ulps:
+            o_abs = torch.nan_to_num(o.abs(), posinf=0.0)
+            d = _errors(b, o, None)[0].div_(ulp(o_abs, dtype))
+            b_ulps = max(b_ulps, float(torch.nan_to_num(d, nan=0.0, posinf=0.0).max()))
+    return e_b, b_ulps
+
+
+@dataclasses.dataclass
+class _Verdict:
+    """What the verdict's pass over the chunks found: the mismatched elements, the worst one
+    (its flat index, excess over and allowance there) and the greatest difference."""
+
+    mismatched: int = 0
+    flat: int = -1
+    excess: float = -math.inf
+    allowed: float = math.nan
+    max_diff: float = 0.0
+    #: the baseline's worst ULP distance (the allowance's scale where the dtype default is
+    #: not part of the floor)
+    b_ulps: float = 0.0
+
+
+def _verdict(ops: _Operands, *, k: float, floor_ulps: float, dtype: torch.dtype,
+             baseline_nonfinite: bool, default_floor: bool,
+             stop_at_first: bool = False) -> tuple[_Verdict, float | None]:
+    """One pass over the chunks: ``|actual - oracle|`` against the allowance per element (see
+    :func:`judge`), and the baseline's error. ``stop_at_first``: return at the first chunk
+    that holds a mismatch (only whether there is one is asked)."""
+    e_b, b_ulps = _baseline_scalars(ops, dtype, ulps=not default_floor)
+    v = _Verdict(b_ulps=b_ulps)
+    for i, (a, o, b, m, r) in ops.chunks():
+        diff = _errors(a, o, b, baseline_nonfinite)[0]
+        allowed = _allowed(o, m, r, b, e_b, k=k, floor_ulps=floor_ulps, dtype=dtype,
+                           default_floor=default_floor, b_ulps=b_ulps)
+        bad = int((diff > allowed).sum())
+        v.max_diff = max(v.max_diff, float(diff.max()))
+        if not bad:
+            continue
+        v.mismatched += bad
+        if stop_at_first:
+            return v, e_b
+        excess = diff - allowed
+        j = int(excess.argmax())
+        if float(excess[j]) > v.excess:
+            v.flat, v.excess, v.allowed = i + j, float(excess[j]), float(allowed[j])
+    return v, e_b
+
+
+def _allowed(o: torch.Tensor, m: torch.Tensor | None, r: torch.Tensor | None,
+             b: torch.Tensor | None, e_b: float | None, *, k: float, floor_ulps: float,
+             dtype: torch.dtype, default_floor: bool, b_ulps: float,
+             **_: Any) -> torch.Tensor:
+    """The allowance of one chunk: the floor (:func:`_floors`) plus ``k`` x the baseline's
+    error ``e_b``, or where the dtype default is not part of the floor, ``k`` x the baseline's
+    worst ULP distance ``b_ulps`` in ULPs at each element (wide ranges)."""
+    _, allowed = _floors(o, m, r, floor_ulps=floor_ulps, dtype=dtype,
+                         default_floor=default_floor)
+    if default_floor or b is None:
+        return allowed.add_(k * (e_b or 0.0))
+    scale = torch.nan_to_num(o.abs(), posinf=0.0)
+    scale = scale if m is None else torch.maximum(scale, m)
+    return allowed.add_(ulp(scale, dtype).mul_(k * b_ulps))
+
+
+@dataclasses.dataclass
+class _Numbers:
+    """The ULP figures of a mismatch, over the chunks: the implementation's worst ULP distance
+    (and its 99th percentile), the baseline's, the baseline's overflows, and at exact zeros of
+    the oracle: the mismatched elements there and the worst ULP distance elsewhere."""
+
+    ulp_max: float = 0.0
+    ulp_p99: float | None = None
+    baseline_ulp_max: float | None = None
+    overflow: int = 0
+    zero_bad: int = 0
+    ulp_max_nonzero: float | None = None
+
+
+def _numbers(ops: _Operands, *, full: bool, e_b: float | None,
+             **verdict: Any) -> _Numbers:
+    """The ULP figures of a mismatch (:class:`_Numbers`); the percentile, the overflows and
+    the zeros of the oracle only when ``full`` (a failure that is reported). ``verdict``:
+    :func:`_verdict`'s options and the baseline's ``b_ulps``."""
+    n, dtype = ops.actual.numel(), verdict["dtype"]
+    out = _Numbers(baseline_ulp_max=None if ops.baseline is None else 0.0)
+    p99 = full and P99_MIN_ELEMENTS <= n <= 16_000_000
+    keep = n - int(0.99 * (n - 1))  # the largest values the percentile reads
+    top = torch.empty(0, dtype=torch.float64)
+    for _, (a, o, b, m, r) in ops.chunks():
+        diff = _errors(a, o, b, verdict["baseline_nonfinite"])[0]
+        d = _ulp_distances(diff, o, dtype)
+        out.ulp_max = max(out.ulp_max, float(d.max()))
+        if p99:
+            both = torch.cat([top, d])
+            top = torch.topk(both, min(keep, both.numel())).values
+        if b is not None:
+            d_b = _ulp_distances(_errors(b, o, None)[0], o, dtype)
+            out.baseline_ulp_max = max(out.baseline_ulp_max or 0.0, float(d_b.max()))
+            if full:
+                out.overflow += int((~torch.isfinite(b) & torch.isfinite(o)).sum())
+        if full:
+            _zeros(out, diff, d, o, _allowed(o, m, r, b, e_b, **verdict))
+    if p99:
+        out.ulp_p99 = _quantile_of_top(top, n, 0.99)
+    return out
+
+
+def _zeros(out: _Numbers, diff: torch.Tensor, d: torch.Tensor, o: torch.Tensor,
+           allowed: torch.Tensor) -> None:
+    """Add one chunk's mismatched elements at exact zeros of the oracle, and its worst ULP
+    distance elsewhere, to ``out``."""
+    zero = o == 0
+    out.zero_bad += int(((diff > allowed) & zero).sum())
+    rest = d[~zero]
+    if rest.numel():
+        out.ulp_max_nonzero = max(out.ulp_max_nonzero or 0.0, float(rest.max()))
+
+
+def _ulp_distances(diff: torch.Tensor, oracle: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``diff`` in ULPs of ``dtype`` at ``|oracle|`` (NaN and inf: inf), 1-d."""
+    d = (diff / ulp(oracle.abs(), dtype)).reshape(-1)
+    return torch.nan_to_num_(d, nan=math.inf, posinf=math.inf)
+
+
+def _quantile_of_top(top: torch.Tensor, n: int, q: float) -> float:
+    """``torch.quantile`` (linear interpolation) at ``q`` of ``n`` values of which ``top``
+    holds the largest ``n - int(q * (n - 1))``, in descending order."""
+    rank = torch.tensor(q, dtype=torch.float64) * (n - 1)
     below, above = int(rank), int(torch.ceil(rank))
-    top = torch.topk(d, n - below).values  # descending: its last is the rank-below value
     return float(top[-1].clone().lerp_(top[below - above - 1], rank - below))
 
 
@@ -285,7 +427,8 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
     ``rounding``: per element, how far rounding the reference's intermediates moves the value
     (absolute, e.g. :func:`equiv.execution.rounding.rounding_spread`); ``floor_ulps`` times it
     is part of the floor. ``default_floor=False``: the per-dtype default tolerance is not part of
-    the floor (float16/bfloat16 outputs: the ULPs and the baseline decide)."""
+    the floor (float16/bfloat16 outputs: the ULPs and the baseline decide). Large tensors are
+    judged in chunks of :data:`CHUNK` elements: a few float64 chunks are held, not copies."""
     dtype = dtype or actual.dtype
     if oracle is None:
         return _fallback(actual, baseline, dtype=dtype, path=path, why=why)
@@ -294,34 +437,30 @@ def judge(actual: torch.Tensor, oracle: torch.Tensor | None, baseline: torch.Ten
                          f"{tuple(oracle.shape)}; compare structure before judging numerics")
     if actual.numel() == 0:
         return None
-    diff, e_b, allowed = _allowance(
-        actual, oracle, baseline, k=k, floor_ulps=floor_ulps, dtype=dtype,
-        baseline_nonfinite=baseline_nonfinite, magnitude=magnitude, rounding=rounding,
-        default_floor=default_floor)
-    bad = diff > allowed
-    if not bool(bad.any()):
+    ops = _Operands.of(actual, oracle, baseline, magnitude, rounding)
+    options = dict(k=k, floor_ulps=floor_ulps, dtype=dtype,
+                   baseline_nonfinite=baseline_nonfinite, default_floor=default_floor)
+    v, e_b = _verdict(ops, **options)
+    if not v.mismatched:
         return None
-    flat, index = _worst(allowed.neg_().add_(diff))  # diff - allowed, in place
-    ulp_floor, floor_at = _floors_at(flat, oracle, magnitude, rounding, floor_ulps=floor_ulps,
-                                     dtype=dtype, default_floor=default_floor)
-    at = dict(allowed=float(diff.reshape(-1)[flat]) - float(allowed.reshape(-1)[flat]),
-              floor=ulp_floor, floor_at=floor_at,
-              spread=None if rounding is None else float(_to64(rounding).reshape(-1)[flat]))
-    del allowed
+    flat = v.flat
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), actual.shape)) \
+        if actual.dim() else ()
+    ulp_floor, floor_at = _floors_at(flat, ops.oracle, ops.magnitude, ops.rounding,
+                                     floor_ulps=floor_ulps, dtype=dtype,
+                                     default_floor=default_floor)
     full = explaining()  # the numbers only a reported failure shows
-    u_max, u_p99 = _ulp_stats(diff, oracle, dtype, p99=full)
-    b_ulp = None if baseline is None else _ulp_stats(_errors(baseline, oracle, None)[0], oracle,
-                                                     dtype, p99=False)[0]
-    overflow = 0 if baseline is None or not full else int(
-        (~torch.isfinite(_to64(baseline)) & torch.isfinite(_to64(oracle))).sum())
+    got = _numbers(ops, full=full, e_b=e_b, b_ulps=v.b_ulps, **options)
     m = NumericMismatch(
-        path=path, message="", max_abs=float(diff.max()), max_rel=None, index=index,
-        rule="baseline", dtype=_SHORT.get(dtype, str(dtype)), impl_error=float(diff.max()),
-        baseline_error=e_b, k=k, floor_ulps=floor_ulps, ulp_max=u_max,
-        baseline_ulp_max=b_ulp, ulp_p99=u_p99, elements=diff.numel(),
-        mismatched=int(bad.sum()), baseline_overflow=overflow,
-        worst_nonfinite=_nonfinite(_to64(actual.detach().reshape(-1)[flat])),
-        **at, **(_zero_oracle(diff, oracle, bad, dtype) if full else {}))
+        path=path, message="", max_abs=v.max_diff, max_rel=None, index=index,
+        rule="baseline", dtype=_SHORT.get(dtype, str(dtype)), impl_error=v.max_diff,
+        baseline_error=e_b, k=k, floor_ulps=floor_ulps, ulp_max=got.ulp_max,
+        baseline_ulp_max=got.baseline_ulp_max, ulp_p99=got.ulp_p99, elements=actual.numel(),
+        mismatched=v.mismatched, baseline_overflow=got.overflow,
+        worst_nonfinite=_nonfinite(_to64(ops.actual[flat])),
+        allowed=v.allowed, floor=ulp_floor, floor_at=floor_at,
+        spread=None if rounding is None else float(_to64(ops.rounding[flat])),
+        **(_zero_oracle(got) if full else {}))
     return dataclasses.replace(m, message=describe(m))
 
 
@@ -334,31 +473,11 @@ def rejects(actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor |
     mismatch."""
     if actual.numel() == 0:
         return False
-    diff, _e, allowed = _allowance(
-        actual, oracle, baseline, k=k, floor_ulps=floor_ulps, dtype=dtype or actual.dtype,
-        baseline_nonfinite=baseline_nonfinite, magnitude=magnitude, rounding=rounding,
-        default_floor=default_floor)
-    return bool((diff > allowed).any())
-
-
-def _allowance(actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor | None, *,
-               k: float, floor_ulps: float, dtype: torch.dtype, baseline_nonfinite: bool,
-               magnitude: torch.Tensor | None, rounding: torch.Tensor | None,
-               default_floor: bool) -> tuple[torch.Tensor, float | None, torch.Tensor]:
-    """(|actual - oracle|, the baseline's error, the allowance) per element (see :func:`judge`;
-    :func:`_floors` gives the floors at one element)."""
-    diff, e_b = _errors(actual, oracle, baseline, baseline_nonfinite)
-    _, allowed = _floors(oracle, magnitude, rounding, floor_ulps=floor_ulps, dtype=dtype,
-                         default_floor=default_floor)
-    if default_floor or baseline is None:
-        return diff, e_b, allowed.add_(k * (e_b or 0.0))
-    # in ULPs at each element: k x the baseline's worst ULP distance (wide ranges)
-    o_abs = torch.nan_to_num(_to64(oracle).abs(), posinf=0.0)
-    b_ulps = float(torch.nan_to_num(_errors(baseline, oracle, None)[0] / ulp(o_abs, dtype),
-                                    nan=0.0, posinf=0.0).max())
-    scale = o_abs if magnitude is None else torch.maximum(o_abs, _to64(magnitude).reshape(
-        o_abs.shape))
-    return diff, e_b, allowed.add_(ulp(scale, dtype).mul_(k * b_ulps))
+    v, _e = _verdict(_Operands.of(actual, oracle, baseline, magnitude, rounding), k=k,
+                     floor_ulps=floor_ulps, dtype=dtype or actual.dtype,
+                     baseline_nonfinite=baseline_nonfinite, default_floor=default_floor,
+                     stop_at_first=True)
+    return v.mismatched > 0
 
 
 def _floors(oracle: torch.Tensor, magnitude: torch.Tensor | None,
@@ -400,18 +519,12 @@ def _nonfinite(v: torch.Tensor) -> str | None:
     return "-inf" if any(float(p) < 0 for p in parts if bool(torch.isinf(p))) else "inf"
 
 
-def _zero_oracle(diff: torch.Tensor, oracle: torch.Tensor, bad: torch.Tensor,
-                 dtype: torch.dtype) -> dict[str, Any]:
+def _zero_oracle(got: _Numbers) -> dict[str, Any]:
     """The mismatched elements at an exact 0 of the oracle (where a ULP distance means
     nothing), and the worst ULP distance elsewhere."""
-    o = _to64(oracle).reshape(-1)
-    zero = o == 0
-    n = int((bad.reshape(-1) & zero).sum())
-    if not n:
+    if not got.zero_bad:
         return {}
-    rest = ~zero
-    worst = _ulp_stats(diff.reshape(-1)[rest], o[rest], dtype)[0] if bool(rest.any()) else None
-    return {"zero_oracle_mismatched": n, "ulp_max_nonzero": worst}
+    return {"zero_oracle_mismatched": got.zero_bad, "ulp_max_nonzero": got.ulp_max_nonzero}
 
 
 def _fallback(actual: torch.Tensor, baseline: torch.Tensor | None, *, dtype: torch.dtype,
@@ -517,22 +630,28 @@ def oracle_disagreement(oracle: torch.Tensor, baseline: torch.Tensor, dtype: tor
     value the example feeds the reference, the size cancellation rounds at), else None: then
     the oracle is another function for this example and cannot judge it. Elements where either
     is inf/NaN are left out."""
-    o, b = _to64(oracle), _to64(baseline)
-    if o.shape != b.shape or o.numel() == 0:
+    if oracle.shape != baseline.shape or oracle.numel() == 0:
         return None
-    fin = torch.isfinite(o) & torch.isfinite(b)
-    if not bool(fin.any()):
-        return None
+    ops = _Operands.of(baseline, oracle, None, None, None)
     zero = torch.zeros((), dtype=torch.float64)
-    diff = float(torch.where(fin, (b - o).abs(), zero).max())
-    size = max(float(torch.where(fin, o.abs(), zero).max()),
-               float(torch.where(fin, b.abs(), zero).max()))
+    finite, diff, size = False, 0.0, 0.0
+    for _, (b, o, _, _, _) in ops.chunks():  # in chunks: no float64 copy of either
+        fin = torch.isfinite(o) & torch.isfinite(b)
+        if not bool(fin.any()):
+            continue
+        finite = True
+        diff = max(diff, float(torch.where(fin, (b - o).abs_(), zero).max()))
+        size = max(size, float(torch.where(fin, o.abs(), zero).max()),
+                   float(torch.where(fin, b.abs(), zero).max()))
+    if not finite:
+        return None
     if example_size is not None and math.isfinite(example_size):
         size = max(size, example_size)
-    if magnitude is not None:
-        m = _to64(magnitude)
-        size = max(size, float(torch.nan_to_num(m, nan=0.0, posinf=0.0).max()) if m.numel()
-                   else 0.0)
+    if magnitude is not None and magnitude.numel():
+        flat = magnitude.detach().reshape(-1)
+        size = max(size, max(float(torch.nan_to_num(_to64(flat[i:i + CHUNK]), nan=0.0,
+                                                    posinf=0.0).max())
+                             for i in range(0, flat.numel(), CHUNK)))
     limit = max(ORACLE_INVALID_SHARE * size,
                 ORACLE_INVALID_ULPS * float(ulp(torch.tensor(size), dtype)))
     return (diff, size) if diff > limit else None

@@ -19,6 +19,7 @@ import torch
 
 from equiv._catalog import CATALOG, ROWS, CheckRow
 from equiv._contracts import ErrorArgs
+from equiv._explain import first_finding_decides
 from equiv._settings import settings as Settings
 from equiv.checks import (
     aliasing,
@@ -219,8 +220,11 @@ _LAST_READ_BY = {"state-across-calls": ("shuffled-call",)}
 
 
 def _run_rows(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
+    search = first_finding_decides()
     for row in rows_for(cfg, kind):
         _run_row(cfg, ex, sink, row)
+        if search and sink.findings and sink.findings[0].check != "error-parity":
+            break  # the example's verdict is its first finding's check: nothing more is read
         for key in _LAST_READ_BY.get(row.name, ()):
             getattr(ex, "cache", {}).pop(key, None)
 

@@ -18,7 +18,7 @@ from equiv import _values
 from equiv._args import as_args
 from equiv._catalog import CHECK_NAMES
 from equiv._contracts import ErrorArgs
-from equiv._explain import verdict_only
+from equiv._explain import searching, verdict_only
 from equiv._settings import EXPLICIT_SEED, SKIPPABLE
 from equiv._settings import settings as Settings
 from equiv.compare import dtype_tolerances
@@ -374,8 +374,9 @@ class _ModeDriver:
         costly = self._costly(cot_seed)
         state.after_failure += state.failing
         context = _build_context()
+        search = context is not None and not getattr(context, "is_final", True)
         try:  # a failure Hypothesis will not report (it searches or shrinks) is only judged
-            with verdict_only(context is not None and not getattr(context, "is_final", True)):
+            with searching(search):
                 outcome = execute_example(self.spec, self.cfg, args, cot_seed, state,
                                           self.device, cotangent=cotangent, costly=costly)
         except NotCompiled:
@@ -395,9 +396,12 @@ class _ModeDriver:
         if outcome.findings:
             self.stats["first_failure"] = self.stats["first_failure"] or self.stats["runs"]
             state.failing = True
-            findings = self._described(outcome, variant, args)
+            # a searched example's printed code is read only where the search's own finding
+            # is reported (a check flaky by nature): only then are its values kept
+            findings = self._described(outcome, variant, args, keep=not search or
+                                       outcome.findings[0].check in _BY_NATURE_FLAKY)
             signal = _signal(findings[0].check)(findings, args, cot_seed, cotangent, costly)
-            if context is not None and not getattr(context, "is_final", True):
+            if search:
                 self.searching.append((signal, context))
             del outcome, args, example
             raise signal
@@ -410,7 +414,11 @@ class _ModeDriver:
         return (cot_seed >= EXPLICIT_SEED or state.failing
                 or state.examples % self.cfg.costly_period == 0)
 
-    def _described(self, outcome: Outcome, variant: Variant, args: Any) -> list[Finding]:
+    def _described(self, outcome: Outcome, variant: Variant, args: Any,
+                   keep: bool = True) -> list[Finding]:
+        """``outcome``'s findings with the example, its printed code and how to reproduce;
+        ``keep``: the values that code loads from a ``.pt`` file are kept, to be written
+        (the latest example's per check: the one reported)."""
         spec, template = self.spec, outcome.template
         name = spec.impl.__name__ if hasattr(spec.impl, "__name__") else spec.name
         example_text = template.describe(name) if template else ""
@@ -421,9 +429,8 @@ class _ModeDriver:
         code = own_code(args, stash) if own_code else (
             template.code(name, imports, check=bool(imports) and not imports[0].startswith("#"),
                           stash=stash) if template else "")
-        if outcome.findings and stash.files:  # the last few: the final one is among them
-            latest = self.files.setdefault(outcome.findings[0].check, [])
-            latest[:] = latest[-3:] + [stash.files]
+        if outcome.findings:  # a check's latest example replaces what was kept for it
+            self.files[outcome.findings[0].check] = [stash.files] if keep and stash.files else []
         reproduce = (f"equiv.check({name}, seed={self.run_seed})" if self.run_seed is not None
                      else f"equiv.check({name}) with the same profile ({self.cfg.profile}: "
                      "derandomized)")

@@ -6,7 +6,10 @@ arguments' layout."""
 
 from __future__ import annotations
 
+import math
+
 import hypothesis
+import pytest
 import torch
 from hypothesis import strategies as st
 
@@ -443,3 +446,56 @@ def test_a_deterministic_reference_with_a_wrong_backward_implementation_is_no_su
     report = check(double, settings=_cfg(n=3), checks=("gradients",), raise_on_failure=False)
     assert not report.ok
     assert "suspect" not in (report.findings[0].likely_cause or "")
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, w: torch.nn.functional.layer_norm(x, (50,), w),
+    lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+    lambda x, w: torch.softmax(x * w, -1).t() @ x,
+], ids=["layer_norm", "rms_norm", "softmax_matmul"])
+def test_rounding_spread_moves_results_in_place_with_the_same_numbers(fn, monkeypatch):
+    """The perturbed runs move an op's new float64 result in place, chunk by chunk: the
+    spread is bitwise the one of moving a copy (the generator fills chunk after chunk as it
+    fills the whole), and no input is written."""
+    from equiv.execution import rounding
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(30, 50, generator=g, dtype=torch.float64)
+    w = torch.randn(50, generator=g, dtype=torch.float64)
+    before = x.clone(), w.clone()
+
+    def run():
+        return {"out": fn(x, w)}
+
+    monkeypatch.setattr(rounding, "_CHUNK", 7)
+    in_place = rounding.rounding_spread(run, run(), seed=3)
+    moved = rounding._Perturbed._moved
+    monkeypatch.setattr(rounding._Perturbed, "_moved",
+                        lambda self, t, summed=1.0, owned=False: moved(self, t, summed, False))
+    copied = rounding.rounding_spread(run, run(), seed=3)
+    assert in_place.keys() == copied.keys() == {"out"}
+    assert torch.equal(in_place["out"], copied["out"]) and bool(in_place["out"].gt(0).any())
+    assert torch.equal(x, before[0]) and torch.equal(w, before[1])
+
+
+@hypothesis.settings(max_examples=40, deadline=None, derandomize=True)
+@hypothesis.given(seed=st.integers(0, 2**16), n=st.integers(1, 20), scale=st.sampled_from(
+    [0.0, 1e-12, 1e-9, 1e-6]), special=st.booleans(), with_spread=st.booleans())
+def test_same_up_to_float64_rounding_in_chunks(seed, n, scale, special, with_spread):
+    """The probe's "same up to float64 rounding" read in chunks agrees with the test over the
+    whole tensors (NaN and inf as nan_to_num makes them)."""
+    from equiv.execution import rounding
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, 2, generator=g, dtype=torch.float64)
+    b = a + scale * torch.randn(n, 2, generator=g, dtype=torch.float64)
+    if special:
+        a[0, 0], b[0, 0], a[-1, -1] = math.nan, math.nan, math.inf
+    spread = torch.rand(n, 2, generator=g, dtype=torch.float64) * 1e-6 if with_spread else None
+    x, y = torch.nan_to_num(a), torch.nan_to_num(b)
+    diff = (x - y).abs()
+    whole = bool((diff <= 1e-9 * (y.abs().max() + x.abs().max())).all()) or (
+        spread is not None and bool((diff <= 1e-3 * spread).all()))
+    saved, rounding._CHUNK = rounding._CHUNK, 3
+    try:
+        assert rounding._same(a, b, spread) == whole
+    finally:
+        rounding._CHUNK = saved

@@ -330,6 +330,42 @@ def test_a_failure_is_explained_once_not_per_shrink_step(monkeypatch):
     assert explained.count("numbers") == 1 and explained.count("timeline") == 1, explained
 
 
+def test_searching_stops_at_the_first_finding_and_keeps_one_example(monkeypatch):
+    """While Hypothesis searches and shrinks, an example's checks stop at its first finding
+    (its verdict is that check alone) and the values a printed reproduction loads from a
+    ``.pt`` file are kept for one example per check, the reported one; the report still
+    names the forward mismatch with its reproduction."""
+    from equiv.checks import gradients
+    from equiv.run import _ModeDriver
+    graded: list[int] = []
+    kept: list[int] = []
+    run, described = gradients.run, _ModeDriver._described
+    monkeypatch.setattr(gradients, "run", lambda ex, sink: graded.append(1) or run(ex, sink))
+
+    def counting(self, *a, **k):
+        out = described(self, *a, **k)
+        kept.append(sum(len(v) for v in self.files.values()))
+        return out
+    monkeypatch.setattr(_ModeDriver, "_described", counting)
+
+    def ref(x):
+        return x * 2
+
+    @equiv.equivalent_to(ref, inputs=st.tuples(tensors(shape=(4100,), dtype=torch.float32,
+                                                       requires_grad=True)))
+    def off(x):
+        return x * 2 + 0.5  # wrong on every example
+
+    report = equiv.check(off, modes=("eager",), seed=0, max_examples=6,
+                         raise_on_failure=False, settings=equiv.settings(
+                             hypothesis_settings=hypothesis.settings(database=None)))
+    assert [f.check for f in report.findings] == ["forward"], report
+    assert ".pt" in report.findings[0].example_code, report.findings[0].example_code
+    assert report.examples_run >= 4, report.examples_run
+    assert len(graded) <= 2, graded  # the reported example and its attribution replay
+    assert len(kept) >= 4 and max(kept) <= 1, kept
+
+
 # -- compile honesty ----------------------------------------------------------------------------
 def test_a_compiler_disabled_implementation_is_not_compiled(tmp_path):
     proc, doc = equiv_check(tmp_path, """

@@ -3,6 +3,7 @@ finite-difference VJPs; and end-to-end acceptance through equiv.check."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import hypothesis
@@ -911,3 +912,52 @@ def test_a_reference_that_overflows_somewhere_says_where_its_error_is_taken():
     assert m is not None and m.baseline_overflow == 1
     assert ("the float16 reference's own error 0 (inf/NaN at 1 of 3 elements, left out), "
             "allowed") in m.message
+
+
+@hypothesis.settings(max_examples=60, deadline=None, derandomize=True)
+@hypothesis.given(n=st.integers(1, 40), seed=st.integers(0, 2**16), chunk=st.integers(1, 9),
+                  half=st.booleans(), given=st.sampled_from(["none", "magnitude", "rounding"]),
+                  explain=st.booleans())
+def test_chunked_verdict_is_the_whole_tensors_verdict(n, seed, chunk, half, given, explain):
+    """The verdict read in chunks of any size says what it says over the whole tensor: the
+    same mismatch, worst element, allowance, errors and ULP figures (NaN, inf and exact zeros
+    of the oracle included), the same numbers of a mismatch against the default tolerance, and
+    the same disagreement of the oracle with the baseline."""
+    from equiv import _explain, compare, numerics
+    g = torch.Generator().manual_seed(seed)
+    dtype = torch.float16 if half else torch.float32
+    oracle = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    oracle[torch.rand(n, 3, generator=g) < 0.2] = 0.0
+    baseline = (oracle * (1 + 1e-3 * torch.randn(n, 3, generator=g, dtype=torch.float64))
+                ).to(dtype)
+    actual = (oracle + 1e-2 * torch.randn(n, 3, generator=g, dtype=torch.float64)
+              * (torch.rand(n, 3, generator=g) < 0.5)).to(dtype)
+    special = torch.rand(n, 3, generator=g)
+    actual[special < 0.05] = math.nan
+    actual[(special >= 0.05) & (special < 0.08)] = math.inf
+    baseline[special < 0.03] = math.nan
+    extra = torch.rand(n, 3, generator=g, dtype=torch.float64) * 0.1
+    options = dict(dtype=dtype, default_floor=not half,
+                   magnitude=extra if given == "magnitude" else None,
+                   rounding=extra if given == "rounding" else None)
+    with _explain.verdict_only(not explain):
+        whole = numerics.judge(actual, oracle, baseline, **options)
+        rejected = numerics.rejects(actual, oracle, baseline, **options)
+        numbers = compare._numbers(actual, baseline)
+        disagreement = numerics.oracle_disagreement(oracle, baseline, dtype, extra, 0.5)
+        saved = numerics.CHUNK, compare._CHUNK
+        numerics.CHUNK = compare._CHUNK = chunk
+        try:
+            chunked = numerics.judge(actual, oracle, baseline, **options)
+            assert numerics.rejects(actual, oracle, baseline, **options) == rejected
+            assert compare._numbers(actual, baseline) == numbers
+            assert numerics.oracle_disagreement(oracle, baseline, dtype, extra,
+                                                0.5) == disagreement
+        finally:
+            numerics.CHUNK, compare._CHUNK = saved
+    assert rejected == (whole is not None)
+    assert (chunked is None) == (whole is None)
+    if whole is not None:  # field by field, NaN equal to NaN (a percentile of infinities)
+        for f in dataclasses.fields(whole):
+            a, b = getattr(chunked, f.name), getattr(whole, f.name)
+            assert a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)), f.name

@@ -348,9 +348,14 @@ def _example_size(ex: Execution, kind: str) -> float:
     if kind != "outputs":
         values += [c for cots in ex.cotangents() for c in cots
                    if isinstance(c, torch.Tensor) and c.dtype.is_floating_point]
-    sizes = [float(torch.nan_to_num(v.detach().abs().to(torch.float64), nan=0.0,
-                                    posinf=0.0).max()) for v in values if v.numel()]
-    return max(sizes, default=0.0)
+    return max((_largest_finite(v) for v in values if v.numel()), default=0.0)
+
+
+def _largest_finite(v: torch.Tensor, chunk: int = 1 << 18) -> float:
+    """The largest finite ``|v|`` (0 if none), read at ``v``'s dtype in chunks: no copy."""
+    flat = v.detach().reshape(-1)
+    return max(float(torch.nan_to_num(flat[i:i + chunk].abs(), nan=0.0, posinf=0.0).max())
+               for i in range(0, flat.numel(), chunk))
 
 
 def _precision_difference(ex: Execution, name: str, actual: Any, m: Mismatch | None,

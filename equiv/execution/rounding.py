@@ -15,17 +15,21 @@ decomposition, so its intermediates are perturbed too.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from equiv._compat import TorchDispatchMode, decompositions, equal, tree_map
+from equiv._compat import TorchDispatchMode, decompositions, equal, tree_flatten, tree_map
 
 #: the relative size of each simulated rounding: float32's eps (twice its unit roundoff). A
 #: float16/bfloat16 kernel computes in float32 and rounds its result once (the ULP floor)
 COMPUTE_EPS = torch.finfo(torch.float32).eps
 #: perturbed runs of the reference whose differences are averaged (root mean square)
 PROBES = 3
+#: bound at import: a spec that replaces ``torch.equal`` cannot change this probe
+_equal = equal  # torch.equal, through NumPy for large CPU tensors (equiv._compat.equal)
+#: elements of an op's result perturbed at a time in place (a 2 MiB factor)
+_CHUNK = 1 << 18
 
 #: aten ops whose results are exact (no rounding): moving, selecting, comparing, creating
 _EXACT = frozenset((
@@ -76,14 +80,24 @@ class _Perturbed(TorchDispatchMode):
                 if _floating(t):
                     t.copy_(self._moved(t, summed))
             return out
-        return tree_map(lambda t: self._moved(t, summed) if _floating(t) else t, out)
+        read = _storages((args, kwargs))
+        return tree_map(lambda t: self._moved(t, summed, owned=_owned(t, read))
+                        if _floating(t) else t, out)
 
-    def _moved(self, t: torch.Tensor, summed: float = 1.0) -> torch.Tensor:
+    def _moved(self, t: torch.Tensor, summed: float = 1.0, owned: bool = False) -> torch.Tensor:
         """``t`` times ``1 + rel * r`` in float64 (and complex); below float64, where that
         product mostly rounds back to ``t``, ``sqrt(summed)`` ULPs of ``t``'s dtype up or down
         at random per element (the roundings of a reduction over ``summed`` terms add up): a
-        new tensor. A dtype coarser than ``rel`` (a bfloat16 intermediate of a float32 run) is
-        left alone: its own rounding is not the precision the run is judged at."""
+        new tensor, or ``t`` itself multiplied chunk by chunk where it is ``owned`` (an op's
+        new result, no input's memory) dense float64 on the CPU: the same numbers, no copy.
+        A dtype coarser than ``rel`` (a bfloat16 intermediate of a float32 run) is left alone:
+        its own rounding is not the precision the run is judged at."""
+        if t.dtype == torch.float64 and owned and t.device.type == "cpu" and t.is_contiguous():
+            flat = t.view(-1)  # the generator fills chunk after chunk as it fills the whole
+            for i in range(0, flat.numel(), _CHUNK):
+                part = flat[i:i + _CHUNK]
+                part.mul_(self._factor(part))
+            return t
         if t.dtype == torch.float64 or t.is_complex():
             return self._factor(t).mul_(t)
         if torch.finfo(t.dtype).eps > self.rel * 1.001:  # coarser than the simulated rounding
@@ -138,23 +152,60 @@ def _summed(name: str, args: Any, out: Any) -> float:
 def _same(a: torch.Tensor, b: Any, spread: torch.Tensor | None = None) -> bool:
     """Equal up to float64 rounding (a decomposed kernel sums in another order): relative to
     the larger value, or elementwise within a thousandth of ``spread`` (float64 rounds the
-    terms of a cancelling value ~1e-9 times as much as the simulated float32 rounding does)."""
+    terms of a cancelling value ~1e-9 times as much as the simulated float32 rounding does).
+    Read in chunks of :data:`_CHUNK` elements."""
     if not (isinstance(b, torch.Tensor) and a.shape == b.shape):
         return False
-    a, b = (torch.nan_to_num(t.detach().to("cpu", torch.float64)) for t in (a, b))
-    diff = (a - b).abs()
-    if bool((diff <= 1e-9 * (b.abs().max() + a.abs().max())).all()):
+    if a.dtype == b.dtype and a.device == b.device and _equal(a, b):
         return True
-    return spread is not None and bool((diff <= 1e-3 * spread).all())
+    flat = [t.detach().reshape(-1) for t in (a, b)]
+
+    def chunks() -> Iterator[tuple[torch.Tensor, torch.Tensor, slice]]:
+        for i in range(0, a.numel(), _CHUNK):
+            at = slice(i, i + _CHUNK)
+            yield (*(torch.nan_to_num(t[at].to("cpu", torch.float64)) for t in flat), at)
+
+    size = [0.0, 0.0]
+    for x, y, _ in chunks():
+        size = [max(size[0], float(x.abs().max())), max(size[1], float(y.abs().max()))]
+    if all(bool(((x - y).abs_() <= 1e-9 * (size[1] + size[0])).all()) for x, y, _ in chunks()):
+        return True
+    if spread is None:
+        return False
+    s = spread.detach().reshape(-1)
+    return all(bool(((x - y).abs_() <= 1e-3 * s[at].to("cpu", torch.float64)).all())
+               for x, y, at in chunks())
 
 
 def _identical(a: torch.Tensor, b: Any) -> bool:
     return (isinstance(b, torch.Tensor) and a is not b and a.dtype == b.dtype
-            and a.device == b.device and a.shape == b.shape and equal(a, b))
+            and a.device == b.device and a.shape == b.shape and _equal(a, b))
 
 
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
+
+
+def _storages(tree: Any) -> set[int | None]:
+    """The storages the tensors of ``tree`` are in (None for a tensor without one)."""
+    out: set[int | None] = set()
+    for t in tree_flatten(tree)[0]:
+        if isinstance(t, torch.Tensor):
+            try:
+                out.add(_storage(t))
+            except (RuntimeError, NotImplementedError):  # sparse, a wrapper subclass...
+                out.add(None)
+    return out
+
+
+def _owned(t: torch.Tensor, read: set[int | None]) -> bool:
+    """``t`` is in memory none of ``read``'s storages is (nor an unknown one)."""
+    if None in read:
+        return False
+    try:
+        return _storage(t) not in read
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 def _shared_storages(values: dict[str, Any]) -> set[int]:
@@ -219,11 +270,12 @@ def rounding_spread(run: Callable[[], dict[str, Any] | None], oracle: dict[str, 
             m = moved.pop(name, None)
             if not (isinstance(m, torch.Tensor) and m.shape == b.shape):
                 continue
-            d = _difference(m, b, owned=_storage(m) not in shared).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).square_()
+            d = _difference(m, b, owned=_storage(m) not in shared)
+            d = d.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).square_()
             squares[name] = squares[name].add_(d) if name in squares else d
             del m, d
         del moved
-    spread = {n: (s / probes).sqrt() for n, s in squares.items()}
+    spread = {n: s.div_(probes).sqrt_() for n, s in squares.items()}  # in place: no copy
     if not strict and not all(_same(b, oracle.get(n), spread.get(n))
                               for n, b in floating.items()):
         return {}
