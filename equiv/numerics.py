@@ -640,7 +640,7 @@ def oracle_disagreement(oracle: torch.Tensor, baseline: torch.Tensor, dtype: tor
         if not bool(fin.any()):
             continue
         finite = True
-        diff = max(diff, float(torch.where(fin, (b - o).abs_(), zero).max()))
+        diff = max(diff, float(torch.where(fin, (b - o).abs(), zero).max()))
         size = max(size, float(torch.where(fin, o.abs(), zero).max()),
                    float(torch.where(fin, b.abs(), zero).max()))
     if not finite:
