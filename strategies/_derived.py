@@ -14,11 +14,12 @@ import math
 
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
-from equiv._compat import tree_flatten
+from equiv._compat import equal, numpy_view, tree_flatten
 from equiv.errors import user_error
 
 #: the most elements a derived tensor with a tile-straddling length has (time per example stays
@@ -159,10 +160,11 @@ def smooth_at(reference: Callable[..., Any] | None, args: Sequence[Any], kwargs:
     smooth; without a reference there is nothing to probe."""
     if reference is None:
         return True
+    cots: dict = {}  # every probe draws the same cotangents: drawn once
     try:
-        at = _probe(reference, args, kwargs, planted, 0.0)
-        up = _probe(reference, args, kwargs, planted, _STEP)
-        down = _probe(reference, args, kwargs, planted, -_STEP)
+        at = _probe(reference, args, kwargs, planted, 0.0, cots)
+        up = _probe(reference, args, kwargs, planted, _STEP, cots)
+        down = _probe(reference, args, kwargs, planted, -_STEP, cots)
     except BaseException as e:  # the reference raised (SystemExit too): not smooth there
         if not user_error(e):
             raise
@@ -177,11 +179,12 @@ def jumps_at(reference: Callable[..., Any], args: Sequence[Any], kwargs: dict,
     the step shrinks tenfold (a kink or a discontinuity), where a smooth but steep function's
     gap (``b / c`` at a small ``c``) shrinks with the step. A reference that raises is no
     evidence: False."""
+    cots: dict = {}
     try:
-        at = _probe(reference, args, kwargs, planted, 0.0)
+        at = _probe(reference, args, kwargs, planted, 0.0, cots)
         for sign in (1.0, -1.0):
-            far = _gap(at, _probe(reference, args, kwargs, planted, sign * _STEP))
-            near = _gap(at, _probe(reference, args, kwargs, planted, sign * _STEP / 10))
+            far = _gap(at, _probe(reference, args, kwargs, planted, sign * _STEP, cots))
+            near = _gap(at, _probe(reference, args, kwargs, planted, sign * _STEP / 10, cots))
             if near > _JUMP and (near > 0.5 * far or math.isinf(near)):  # inf: NaN beside
                 return True
     except BaseException as e:  # the reference raised (SystemExit too): nothing confirmed
@@ -197,10 +200,10 @@ def _gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
         return math.inf
     worst = 0.0
     for x, y in zip(a, b):
-        if x.shape != y.shape or not torch.equal(torch.isfinite(x), torch.isfinite(y)):
+        if x.shape != y.shape or not equal(torch.isfinite(x), torch.isfinite(y)):
             return math.inf
         if not (x.dtype.is_floating_point or x.dtype.is_complex):
-            worst = worst if torch.equal(x, y) else math.inf
+            worst = worst if equal(x, y) else math.inf
             continue
         finite = torch.isfinite(x) & torch.isfinite(y)
         if finite.any():
@@ -214,10 +217,13 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
 
 
 def _probe(reference: Callable[..., Any], args: Sequence[Any], kwargs: dict,
-           planted: dict[int, list[int]], step: float) -> list[torch.Tensor]:
+           planted: dict[int, list[int]], step: float,
+           cots: dict | None = None) -> list[torch.Tensor]:
     """The reference's float64 outputs and input gradients, with ``step`` added at the
     planted positions of the argument at each position of ``args + kwargs`` (the r-th argument
-    with planted positions: ``(r + 1) * step``)."""
+    with planted positions: ``(r + 1) * step``). ``cots``: the cotangents of earlier probes of
+    the same call, by the outputs' shapes and dtypes (they are drawn from one seed, so equal
+    outputs get equal cotangents: a probe reuses them rather than draw them again)."""
     values = list(args) + list(kwargs.values())
     leaves: list[torch.Tensor] = []
     # each argument moves by its own multiple of the step: a tie across arguments is broken
@@ -232,21 +238,34 @@ def _probe(reference: Callable[..., Any], args: Sequence[Any], kwargs: dict,
     with torch.enable_grad():
         out = reference(*values[:len(args)], **dict(zip(kwargs, values[len(args):])))
         outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
-        gen = torch.Generator().manual_seed(1234)
+        reals = [torch.view_as_real(o) if o.dtype.is_complex else o for o in outs
+                 if o.requires_grad and (o.dtype.is_floating_point or o.dtype.is_complex)]
+        key = tuple((r.shape, r.dtype) for r in reals)
+        drawn = cots.get(key) if cots is not None else None
+        if drawn is None:
+            drawn = _probe_cotangents(reals)
+            if cots is not None:
+                cots[key] = drawn
         loss = 0
-        for o in outs:
-            if o.requires_grad and (o.dtype.is_floating_point or o.dtype.is_complex):
-                real = torch.view_as_real(o) if o.dtype.is_complex else o
-                # magnitudes 1-2: a kink's jump in the gradient is never hidden by a tiny weight
-                sign = torch.randn(real.shape, generator=gen, dtype=real.dtype).sign()
-                cot = sign * (1 + torch.rand(real.shape, generator=gen, dtype=real.dtype))
-                loss = loss + (real * cot).sum()
+        for real, cot in zip(reals, drawn):
+            loss = loss + (real * cot).sum()
         grads = []
         if isinstance(loss, torch.Tensor) and loss.requires_grad:
             found = torch.autograd.grad(loss, leaves, allow_unused=True)
             grads = [g for g in found if g is not None]
     return [_wide(o.detach()) if o.dtype.is_floating_point or o.dtype.is_complex
             else o.detach() for o in outs] + grads
+
+
+def _probe_cotangents(reals: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One cotangent per output of a probe, from a fixed seed: a random sign times a magnitude
+    in [1, 2) (a kink's jump in the gradient is never hidden by a tiny weight)."""
+    gen = torch.Generator().manual_seed(1234)
+    out = []
+    for real in reals:
+        sign = torch.randn(real.shape, generator=gen, dtype=real.dtype).sign()
+        out.append(sign * (1 + torch.rand(real.shape, generator=gen, dtype=real.dtype)))
+    return out
 
 
 def _close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -256,16 +275,34 @@ def _close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
         if x.shape != y.shape:
             return False
         if not (x.dtype.is_floating_point or x.dtype.is_complex):
-            if not torch.equal(x, y):
+            if not equal(x, y):
                 return False
             continue
-        if not torch.equal(torch.isfinite(x), torch.isfinite(y)):
+        xs, ys = numpy_view(x), numpy_view(y)
+        if xs is not None and ys is not None:  # the same test in NumPy, several times cheaper
+            if not _close_numpy(xs, ys):
+                return False
+            continue
+        if not equal(torch.isfinite(x), torch.isfinite(y)):
             return False
         # where both are non-finite the difference is NaN (or inf against an inf bound): never
         # a gap, so no mask is needed (a masked copy of each costs more than the test)
         if ((x - y).abs() > _JUMP * (1 + x.abs())).any():
             return False
     return True
+
+
+def _close_numpy(x: np.ndarray, y: np.ndarray) -> bool:
+    """:func:`_close` of two float64 or complex128 arrays: the same operations in the same
+    order, so the same answer."""
+    if not np.array_equal(np.isfinite(x), np.isfinite(y)):
+        return False
+    with np.errstate(all="ignore"):  # inf - inf: NaN, never a gap
+        gap = np.abs(x - y)
+        bound = np.abs(x)
+        bound += 1
+        bound *= _JUMP
+        return not bool(np.greater(gap, bound).any())
 
 
 def cross_ties(values: Sequence[Any]) -> dict[int, list[int]]:

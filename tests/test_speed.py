@@ -163,12 +163,15 @@ def test_a_backward_wrong_on_one_element_of_a_big_tensor_is_caught():
 @hypothesis.given(hypothesis.strategies.data())
 def test_the_fast_close_test_never_passes_what_assert_close_rejects(data):
     """compare_leaf's fast path for big float tensors agrees with torch.testing.assert_close:
-    differences around the tolerance, NaN, infinities, a non-contiguous side."""
+    differences around the tolerance, NaN, infinities, a non-contiguous side; in torch and, from
+    _NUMPY_EQUAL_MIN elements on, in NumPy."""
+    from equiv._compat import _NUMPY_EQUAL_MIN
     from equiv.compare import _FAST_CLOSE_MIN, _close_fast, compare_leaf
 
     dtype = data.draw(hypothesis.strategies.sampled_from([torch.float32, torch.float64]))
     gen = torch.Generator().manual_seed(data.draw(hypothesis.strategies.integers(0, 99)))
-    e = torch.randn(_FAST_CLOSE_MIN, generator=gen, dtype=dtype)
+    size = data.draw(hypothesis.strategies.sampled_from([_FAST_CLOSE_MIN, _NUMPY_EQUAL_MIN]))
+    e = torch.randn(size, generator=gen, dtype=dtype)
     rtol, atol = (1.3e-6, 1e-5) if dtype == torch.float32 else (1e-7, 1e-7)
     scale = data.draw(hypothesis.strategies.sampled_from([0.0, 0.5, 0.99, 1.0, 1.01, 2.0]))
     a = e + scale * (atol + rtol * e.abs()) * torch.sign(torch.randn(e.shape, generator=gen,
@@ -495,3 +498,74 @@ def test_a_run_keeps_the_objects_alive_before_it_out_of_the_collectors_reach():
         assert all(0 < c <= frozen for c in seen + [gc.get_freeze_count()])
     finally:
         gc.unfreeze()
+
+
+def _equal_cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    from equiv._compat import _NUMPY_EQUAL_MIN
+
+    n = _NUMPY_EQUAL_MIN
+    x = torch.randn(n)
+    nan, zeros = x.clone(), torch.zeros(n)
+    nan[7] = float("nan")
+    one_off = x.clone()
+    one_off[n - 1] += 1
+    c = torch.randn(n, dtype=torch.complex64)
+    t = torch.randn(64, n // 64).t()
+    return [("equal", x, x.clone()), ("one element off", x, one_off),
+            ("NaN against itself", nan, nan.clone()), ("0.0 against -0.0", zeros, -zeros),
+            ("transposed, both", t, t.clone()), ("transposed against contiguous", t,
+                                                  t.contiguous()),
+            ("expanded", x[:64].expand(n // 64, 64), x[:64].expand(n // 64, 64).clone()),
+            ("float64", x.double(), x.double().clone()), ("float16", x.half(), x.half()),
+            ("bool", x > 0, (x > 0).clone()), ("int64", x.long(), x.long() + 1),
+            ("conjugate view", c.conj(), c.conj().resolve_conj()), ("complex", c, c.clone()),
+            ("bfloat16", x.bfloat16(), x.bfloat16()), ("small", x[:10], x[:10].clone()),
+            ("other shape", x, x.view(2, -1)), ("requires grad", x.clone().requires_grad_(), x)]
+
+
+@pytest.mark.parametrize("case", range(len(_equal_cases())))
+def test_equal_answers_as_torch_equal(case):
+    """equiv's equality of large CPU tensors (NumPy's vectorised ==) answers as torch.equal:
+    NaN differs from itself, 0.0 equals -0.0, views, conjugate bits, dtypes NumPy lacks."""
+    from equiv._compat import equal
+
+    _, a, b = _equal_cases()[case]
+    assert equal(a, b) == torch.equal(a, b)
+    assert equal(b, a) == torch.equal(b, a)
+
+
+def test_equal_takes_numpy_for_large_cpu_tensors_of_one_layout(monkeypatch):
+    """torch.equal's CPU kernel compares one element at a time: a large pair of one layout
+    never reaches it."""
+    import equiv._compat as compat
+
+    def refuse(a, b):
+        raise AssertionError("torch.equal called")
+
+    monkeypatch.setattr(compat, "_TORCH_EQUAL", refuse)
+    x = torch.randn(64, compat._NUMPY_EQUAL_MIN // 64)
+    assert compat.equal(x, x.clone()) and compat.equal(x.t(), x.t().clone())
+    with pytest.raises(AssertionError, match="torch.equal called"):
+        compat.equal(x[:1], x[:1].clone())  # small: torch's own call is as fast
+
+
+def test_the_smoothness_probes_of_one_call_draw_their_cotangents_once(monkeypatch):
+    """smooth_at's three probes share one draw of the fixed-seed cotangents, and a probe
+    given them returns what one drawing its own does."""
+    from equiv.strategies import _derived
+
+    def ref(x, w):
+        return (x * w).tanh(), x.sum()
+
+    args = (torch.randn(4, 8, dtype=torch.float64), torch.randn(8, dtype=torch.float64))
+    planted = {0: [3], 1: [3]}
+    drawn = []
+    real = _derived._probe_cotangents
+    monkeypatch.setattr(_derived, "_probe_cotangents", lambda r: drawn.append(1) or real(r))
+    assert _derived.smooth_at(ref, args, {}, planted)
+    assert len(drawn) == 1
+    cots: dict = {}
+    for step in (0.0, 1e-3):
+        shared = _derived._probe(ref, args, {}, planted, step, cots)
+        own = _derived._probe(ref, args, {}, planted, step)
+        assert all(torch.equal(a, b) for a, b in zip(shared, own))

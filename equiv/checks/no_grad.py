@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from equiv._compat import equal
 from equiv.errors import error_text
 from equiv.execution.calls import format_tb, leaves, storage_key
 from equiv.execution.contract_runs import judge_run, no_grad_run
@@ -20,7 +21,7 @@ from equiv.execution.record import Execution, Sink
 NAME = "no-grad"
 
 #: bound at import, as in equiv.compare: a spec may replace ``torch.equal``
-_equal = torch.equal
+_equal = equal
 
 _HOW = {"inputs": "with no input requiring grad", "no_grad": "under torch.no_grad()"}
 

@@ -123,7 +123,7 @@ class Backward:
     grads: list[torch.Tensor]
     error: BaseException | None
     given: list[torch.Tensor | None]  # the cotangents handed to backward (checked untouched
-    # after; None: undefined, that value not differentiated)
+    # after, then released by cotangent_written; None: undefined, that value not differentiated)
     cotangent: list[torch.Tensor | None]  # what they were before backward
 
 
@@ -446,7 +446,8 @@ def _check_reference_pure(spec: Spec, template: Template, side: Side,
 
 
 def cotangent_written(ex: Execution, b: Backward, n: int) -> list[tuple[str, str, Mismatch, str]]:
-    """(name, headline, mismatch, fix) for each cotangent backward #``n`` wrote into."""
+    """(name, headline, mismatch, fix) for each cotangent backward #``n`` wrote into. Its only
+    reader: the cotangents ``b`` was handed are released after (no later check holds them)."""
     out = []
     for (name, _, _), o, g in zip(ex.pairing().pairs, b.cotangent, b.given):
         if g is None:
@@ -457,6 +458,7 @@ def cotangent_written(ex: Execution, b: Backward, n: int) -> list[tuple[str, str
                         f"{name} in place.", m,
                         "do not write into grad_output in backward; use out-of-place ops "
                         "(grad_output * x, not grad_output.mul_(x))."))
+    b.given[:] = [None] * len(b.given)
     return out
 
 

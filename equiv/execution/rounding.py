@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from equiv._compat import TorchDispatchMode, decompositions, tree_flatten, tree_map
+from equiv._compat import TorchDispatchMode, decompositions, equal, tree_flatten, tree_map
 
 #: the relative size of each simulated rounding: float32's eps (twice its unit roundoff). A
 #: float16/bfloat16 kernel computes in float32 and rounds its result once (the ULP floor)
@@ -27,7 +27,7 @@ COMPUTE_EPS = torch.finfo(torch.float32).eps
 #: perturbed runs of the reference whose differences are averaged (root mean square)
 PROBES = 3
 #: bound at import: a spec that replaces ``torch.equal`` cannot change this probe
-_equal = torch.equal
+_equal = equal  # torch.equal, through NumPy for large CPU tensors (equiv._compat.equal)
 #: elements of an op's result perturbed at a time in place (a 2 MiB factor)
 _CHUNK = 1 << 18
 
