@@ -74,6 +74,8 @@ class Outcome:
     #: every tensor of the example and of the reference's result had no element: shapes and
     #: dtypes were compared, but no value
     empty: bool = False
+    #: a costly check ran on the example (a searched example stops at its first finding)
+    costly_ran: bool = False
 
 
 def narrowed(cfg: Settings, kind: str) -> Settings:
@@ -105,6 +107,7 @@ def execute_example(spec: Spec, cfg: Settings, args: Any, cot_seed: int, state: 
                            costly)
     if outcome.invalid is None:
         state.cover(sink.ran, sink.compared, sink.uncompared)
+    outcome.costly_ran = any(ROWS[name].costly for name in sink.ran if name in ROWS)
     return outcome
 
 

@@ -392,7 +392,8 @@ class _ModeDriver:
             hypothesis.reject()
         state.examples += 1
         state.valued += not outcome.empty
-        state.costly_examples += costly
+        # a searched example that stopped at a finding before the costly checks ran none
+        state.costly_examples += costly and (outcome.costly_ran or not search)
         if outcome.findings:
             self.stats["first_failure"] = self.stats["first_failure"] or self.stats["runs"]
             state.failing = True

@@ -364,6 +364,9 @@ def test_searching_stops_at_the_first_finding_and_keeps_one_example(monkeypatch)
     assert report.examples_run >= 4, report.examples_run
     assert len(graded) <= 2, graded  # the reported example and its attribution replay
     assert len(kept) >= 4 and max(kept) <= 1, kept
+    note = next(n for n in report.notes if "costly checks" in n)  # said only where they ran
+    ran = int(note.split(" ran on ")[1].split(" of ")[0])
+    assert ran < report.examples_run, (note, report.examples_run)
 
 
 # -- compile honesty ----------------------------------------------------------------------------
