@@ -17,7 +17,8 @@ import torch
 
 from equiv import _values
 from equiv._args import Args, as_args
-from equiv._compat import keystr, numpy_view, tree_flatten, tree_flatten_with_path, tree_unflatten
+from equiv._compat import (keystr, numpy_view, tree_flatten, tree_flatten_with_path, tree_map,
+                           tree_unflatten)
 
 __all__ = ["Args", "Side", "Template", "as_args", "tensor_summary"]
 
@@ -588,6 +589,25 @@ class Side:
     def storage(self, g: Group) -> torch.Tensor:
         """This side's whole storage of group ``g``, flat and detached (a view, no copy)."""
         return self.tensors[g.slots[0]].detach().as_strided((g.values.numel(),), (1,), 0)
+
+    def detached(self) -> "Side":
+        """This side's arguments again as detached aliases (the same memory, no gradient
+        history; one tensor passed twice stays one tensor), for reruns that only read them: no
+        copy. Non-tensor values are shared as they are."""
+        memo: dict[int, torch.Tensor] = {}
+
+        def alias(v: Any) -> Any:
+            if not isinstance(v, torch.Tensor):
+                return v
+            if id(v) not in memo:
+                memo[id(v)] = v.detach()
+            return memo[id(v)]
+
+        arguments = {k: tree_map(alias, v, is_leaf=lambda x: x is None)
+                     for k, v in self.bound.arguments.items()}
+        bound = inspect.BoundArguments(self.bound.signature, arguments)  # type: ignore[arg-type]
+        return Side(bound, [None] * len(self.leaves), [alias(t) for t in self.tensors],
+                    self.template)
 
     def snapshot(self) -> list[torch.Tensor]:
         with torch.no_grad():

@@ -369,13 +369,14 @@ def _numbers(ops: _Operands, *, full: bool, e_b: float | None,
     top = torch.empty(0, dtype=torch.float64)
     for _, (a, o, b, m, r) in ops.chunks():
         diff = _errors(a, o, b, verdict["baseline_nonfinite"])[0]
-        d = _ulp_distances(diff, o, dtype)
+        spacing = ulp(o, dtype)  # one chunk's ULPs, read by both distances
+        d = _ulp_distances(diff, o, dtype, spacing)
         out.ulp_max = max(out.ulp_max, float(d.max()))
         if p99:
             both = torch.cat([top, d])
             top = torch.topk(both, min(keep, both.numel())).values
         if b is not None:
-            d_b = _ulp_distances(_errors(b, o, None)[0], o, dtype)
+            d_b = _ulp_distances(_errors(b, o, None)[0], o, dtype, spacing)
             out.baseline_ulp_max = max(out.baseline_ulp_max or 0.0, float(d_b.max()))
             if full:
                 out.overflow += int((~torch.isfinite(b) & torch.isfinite(o)).sum())
@@ -397,9 +398,11 @@ def _zeros(out: _Numbers, diff: torch.Tensor, d: torch.Tensor, o: torch.Tensor,
         out.ulp_max_nonzero = max(out.ulp_max_nonzero or 0.0, float(rest.max()))
 
 
-def _ulp_distances(diff: torch.Tensor, oracle: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``diff`` in ULPs of ``dtype`` at ``|oracle|`` (NaN and inf: inf), 1-d."""
-    d = (diff / ulp(oracle.abs(), dtype)).reshape(-1)
+def _ulp_distances(diff: torch.Tensor, oracle: torch.Tensor, dtype: torch.dtype,
+                   spacing: torch.Tensor | None = None) -> torch.Tensor:
+    """``diff`` in ULPs of ``dtype`` at ``|oracle|`` (NaN and inf: inf), 1-d; ``spacing``:
+    ``ulp(oracle, dtype)`` when already known."""
+    d = (diff / (ulp(oracle, dtype) if spacing is None else spacing)).reshape(-1)
     return torch.nan_to_num_(d, nan=math.inf, posinf=math.inf)
 
 

@@ -499,3 +499,37 @@ def test_same_up_to_float64_rounding_in_chunks(seed, n, scale, special, with_spr
         assert rounding._same(a, b, spread) == whole
     finally:
         rounding._CHUNK = saved
+
+
+def test_the_oracles_spread_reads_its_own_inputs_without_copying_or_writing_them():
+    """The rounding spread reruns the reference on the oracle's float64 inputs through detached
+    aliases: bitwise the spread fresh float64 copies give, and the inputs (which a reference
+    returning an argument as it is hands back) are left as they were."""
+    from conftest import execution
+    from equiv.execution.pairing import reference_run
+    from equiv.numerics import oracle_dtype
+
+    def ref(x, y):
+        return x, (x - y.mean()) * 3.0  # x as it is, and a cancelling value
+
+    @equiv.equivalent_to(ref)
+    def impl(x, y):
+        return x.clone(), (x - y.mean()) * 3.0
+
+    base = torch.linspace(1000.0, 1000.001, 48)
+    ex = execution(impl, base[::2], base[1::2])  # two views of one storage
+    run = ex.oracle.run()
+    before = [t.detach().clone() for t in run.side.tensors]
+    got = {n: ex.oracle.rounding_spread(n) for n in ("output[0]", "output[1]")}
+    assert all(torch.equal(a, b.detach()) for a, b in zip(before, run.side.tensors))
+
+    def fresh():
+        side = ex.template.instantiate(grad=False, dtype=oracle_dtype(torch.float32, "cpu"))
+        return reference_run(ex.spec, ex.ref_fn, side).values
+
+    aliases = run.side.detached()
+    assert [t.data_ptr() for t in aliases.tensors] == [t.data_ptr() for t in run.side.tensors]
+    assert not any(t.requires_grad for t in aliases.tensors)
+    want = rounding_spread(fresh, run.values, ex.cot_seed)
+    assert float(got["output[1]"].max()) > 0 and torch.equal(got["output[1]"], want["output[1]"])
+    assert torch.equal(got["output[0]"], want["output[0]"])

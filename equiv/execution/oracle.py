@@ -269,20 +269,23 @@ class Oracle:
     def rounding_spread(self, name: str) -> torch.Tensor | None:
         """How far rounding the reference's intermediates at float32's precision moves the
         value ``name`` (a pairing name), per element: :func:`~equiv.execution.rounding.
-        rounding_spread` over fresh float64 copies of the example (four reference calls, cached,
-        only for a value the rule rejects without it). None when unknown."""
+        rounding_spread` over the oracle's own float64 inputs, read through detached aliases (four
+        reference calls, no copy; cached, only for a value the rule rejects without it). None
+        when unknown."""
         ex = self.ex
         if "rounding" not in ex.cache:
             run, device = self.run(), ex.place.ref_device or ex.place.device
             dtype = oracle_dtype(torch.float32, device)
 
-            def again() -> dict[str, Any] | None:
-                side = ex.template.instantiate(grad=False, device=device, dtype=dtype)
-                rerun = reference_run(ex.spec, ex.ref_fn, side)
+            def again() -> dict[str, Any] | None:  # the oracle's own inputs: the reference
+                side = run.side.detached() if run.side is not None else \
+                    ex.template.instantiate(grad=False, device=device, dtype=dtype)
+                rerun = reference_run(ex.spec, ex.ref_fn, side)  # only reads them: no copy
                 return None if rerun.why is not None else rerun.values
 
+            inputs = () if run.side is None else run.side.tensors
             ex.cache["rounding"] = {} if run.why is not None or dtype != torch.float64 \
-                else rounding_spread(again, run.values, ex.cot_seed)
+                else rounding_spread(again, run.values, ex.cot_seed, inputs=inputs)
         return ex.cache["rounding"].get(name)
 
     def gradient_spread(self, n: int, i: int) -> torch.Tensor | None:

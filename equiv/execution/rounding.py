@@ -235,8 +235,8 @@ def _floating(t: Any) -> bool:
 
 
 def rounding_spread(run: Callable[[], dict[str, Any] | None], oracle: dict[str, Any] | None,
-                    seed: int, rel: float = COMPUTE_EPS,
-                    probes: int = PROBES) -> dict[str, torch.Tensor]:
+                    seed: int, rel: float = COMPUTE_EPS, probes: int = PROBES,
+                    inputs: Iterable[torch.Tensor] = ()) -> dict[str, torch.Tensor]:
     """Per compared value (by name), the root mean square over ``probes`` runs of how far
     perturbing every intermediate by ``rel`` moves it (float64, absolute). ``run()`` calls the
     reference once on a fresh float64 copy and returns its values by name (None: it raised);
@@ -244,7 +244,9 @@ def rounding_spread(run: Callable[[], dict[str, Any] | None], oracle: dict[str, 
     perturbing mode as well). ``oracle``: the oracle's values. Empty when the reference is not
     repeatable (its unperturbed rerun under the probe differs from ``oracle`` beyond float64
     rounding: random draws, stale memory) or computes outside torch's dispatcher (NumPy:
-    nothing to perturb)."""
+    nothing to perturb). ``inputs``: tensors ``run`` hands the reference that the spread must
+    not write into (a value the reference returns as it is shares their memory)."""
+    kept = _storages(list(inputs))
     gen = torch.Generator().manual_seed(seed)
     with _Perturbed(0.0, gen):
         base = run()
@@ -265,7 +267,7 @@ def rounding_spread(run: Callable[[], dict[str, Any] | None], oracle: dict[str, 
             moved = run()
         if not moved:
             return {}
-        shared = _shared_storages(moved)
+        shared = _shared_storages(moved) | kept
         for name, b in floating.items():
             m = moved.pop(name, None)
             if not (isinstance(m, torch.Tensor) and m.shape == b.shape):
