@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Sequence
 
 import torch
 from hypothesis import strategies as st
+
+from equiv.errors import InvalidArgument
 
 from ._layouts import LAYOUT_KINDS, Layout
 
@@ -165,13 +168,34 @@ def _resolve(draw: Any, value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
+def _shape(draw: Any, shape: Any) -> tuple[int, ...]:
+    """The drawn shape: ``shape`` itself, drawn from when a strategy, each dimension drawn
+    from when a strategy (``(st.integers(1, 4), n)``), default ``shapes()``."""
+    got = draw(shapes()) if shape is None else (
+        draw(shape) if isinstance(shape, st.SearchStrategy) else shape)
+    if isinstance(got, int) or not isinstance(got, (tuple, list, torch.Size)):
+        raise InvalidArgument(f"tensors(shape={got!r}): give a tuple of ints (e.g. (2, 3)), a "
+                              "tuple whose dimensions are ints or strategies of ints, or a "
+                              "strategy of tuples")
+    dims = tuple(draw(d) if isinstance(d, st.SearchStrategy) else d for d in got)
+    try:
+        sizes = tuple(operator.index(d) for d in dims if not isinstance(d, bool))
+    except TypeError:
+        sizes = ()
+    if len(sizes) != len(dims) or any(d < 0 for d in sizes):
+        raise InvalidArgument(f"tensors(shape={got!r}) drew the shape {dims!r}: each dimension "
+                              "must be an int >= 0 (or a strategy drawing one)")
+    return sizes
+
+
 @st.composite
 def tensors(draw: Any, *, shape: Any = None, dtype: Any = None, device: Any = None,
             requires_grad: bool = False, elements: st.SearchStrategy | None = None,
             layout: Any = None, special: Sequence[str] | bool = (),
             scale: float = 2.0, salt: int = 0) -> torch.Tensor:
     """Dense strided tensors. ``shape``, ``dtype``, ``device`` and ``layout`` take a value or a
-    strategy (defaults: ``shapes()``, float32, cpu, contiguous).
+    strategy (defaults: ``shapes()``, float32, cpu, contiguous); each dimension of a ``shape``
+    tuple may be a strategy too (``shape=(st.integers(1, 4), n)``).
 
     Values: without ``elements``, a drawn choice between simple values (distinct small
     half-integers; the shrink target) and seeded continuous values (``randn * scale``); both
@@ -184,8 +208,7 @@ def tensors(draw: Any, *, shape: Any = None, dtype: Any = None, device: Any = No
     an ``expanded`` tensor's values are drawn for its stride-0 dim once. ``salt`` is added to
     the drawn seed (distinct values for tensors drawn from one choice).
     """
-    shp = tuple(draw(shape) if isinstance(shape, st.SearchStrategy) else
-                (shape if shape is not None else draw(shapes())))
+    shp = _shape(draw, shape)
     dt = _resolve(draw, dtype, torch.float32)
     if not isinstance(dt, torch.dtype):
         raise TypeError(f"tensors(dtype={dt!r}): give a torch.dtype or a strategy of them")

@@ -232,14 +232,28 @@ def test_elements_strategy_draws_each_element():
     assert torch.equal(t, torch.full((2, 3), 1.5, dtype=torch.float64))
 
 
+@given(st.data())
+def test_each_dimension_of_a_shape_may_be_a_strategy(data):
+    n = data.draw(st.integers(1, 5))
+    t = data.draw(es.tensors(shape=(st.integers(1, 4), n)))
+    assert t.dim() == 2 and 1 <= t.shape[0] <= 4 and t.shape[1] == n
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(layout="diagonal"), "unknown layout kind"),
     (dict(dtype="float32"), "give a torch.dtype"),
     (dict(special=["nan", "huge"]), "unknown"),
+    (dict(shape=3), r"tensors\(shape=3\): give a tuple of ints"),
+    (dict(shape=(2, "a")), "each dimension must be an int >= 0"),
+    (dict(shape=(st.just(-1),)), r"drew the shape \(-1,\)"),
 ])
 def test_bad_options_name_the_argument(bad, match):
-    with pytest.raises((ValueError, TypeError), match=match):
-        draw_one(es.tensors(shape=(2,), **bad))
+    from equiv.errors import InvalidArgument
+
+    options = {"shape": (2,), **bad}
+    exc = InvalidArgument if "shape" in bad else (ValueError, TypeError)
+    with pytest.raises(exc, match=match):
+        draw_one(es.tensors(**options))
 
 
 def test_dtypes_families_and_order():
