@@ -80,6 +80,12 @@ def test_modules_read_argv_only_in_main(module, bench_path, monkeypatch, capsys)
     assert "usage:" in capsys.readouterr().out
 
 
+def test_walltime_compares_workers_with_one_process(bench_path, tmp_path):
+    walltime = importlib.import_module("walltime")
+    table = walltime.workers(2, runs=1, quick=True, out=tmp_path)
+    assert "| 1 |" in table and "| yes |" in table and "median speedup" in table
+
+
 def test_walltime_times_a_subprocess_and_reports_a_crash(bench_path):
     walltime = importlib.import_module("walltime")
     median, best, rc = walltime.timed(("-c", "pass"), 2)
