@@ -626,9 +626,10 @@ def _drive(spec: Spec, mode: Mode, device: str, wrapped: Callable[[], None],
                 "inputs= draw examples (fewer .filter() rejections, or assume() less often)."
             ) from None
         raise InvalidArgument(
-            f"no valid example for {spec.implementation}: the reference raised on every "
-            f"drawn example (last: {last_invalid[0]}). Make inputs= draw inputs the "
-            "reference accepts."
+            f"no valid example for {spec.implementation}: every drawn example was invalid "
+            f"input (last: {last_invalid[0]}). Make inputs= draw inputs the reference accepts"
+            + (", with each mutated argument's final value of its shape and dtype."
+               if spec.mutates else ".")
         ) from None
     except BaseException as e:  # SystemExit from user code that no call of a side caught
         if not user_error(e) or isinstance(e, Exception):

@@ -188,6 +188,52 @@ def test_a_reference_validated_error_with_no_partial_write_passes():
     assert report.invalid_examples > 0  # incidental errors stay invalid input
 
 
+def rowbias_ref(x, b):
+    return x + b[:, None]
+
+
+_ROWBIAS = st.sampled_from([(3, 4), (2, 2), (3,)]).flatmap(lambda shp: st.tuples(
+    tensors(shape=shp, dtype=torch.float64, requires_grad=True),
+    tensors(shape=shp[:1], dtype=torch.float64, requires_grad=True)))
+
+
+def test_an_inplace_kernel_raising_where_no_write_in_place_fits_the_reference_passes():
+    """On a 1-d x the reference's x + b[:, None] is (n, n): no write into x leaves that, so the
+    implementation raising there is invalid input, not an error-parity finding."""
+    @equivalent_to(rowbias_ref, mutates={"x": "out"}, inputs=_ROWBIAS)
+    def rowbias_(x, b):
+        if x.dim() != 2:
+            raise ValueError("x must be 2-d")
+        return x.add_(b[:, None])
+
+    report = passes(rowbias_)
+    assert report.invalid_examples > 0
+
+
+def test_an_inplace_kernel_raising_where_the_reference_fits_is_still_caught():
+    @equivalent_to(rowbias_ref, mutates={"x": "out"}, inputs=_ROWBIAS)
+    def rowbias_wrong_dim_(x, b):
+        if x.dim() != 2:
+            raise ValueError("x must be 2-d")
+        return x.add_(b)  # broadcasts b along the rows: raises for (3, 4)
+
+    f = failure(rowbias_wrong_dim_, equiv.EquivalenceFailure, "error-parity")
+    assert "raised RuntimeError where the reference returned normally" in f.headline
+
+
+def test_no_example_where_a_write_in_place_fits_the_reference_is_an_error_naming_it():
+    @equivalent_to(rowbias_ref, mutates={"x": "out"},
+                   inputs=st.tuples(tensors(shape=(3,), dtype=torch.float64),
+                                    tensors(shape=(3,), dtype=torch.float64)))
+    def rowbias_1d_(x, b):
+        raise ValueError("x must be 2-d")
+
+    with pytest.raises(equiv.InvalidArgument, match=r"every drawn example was invalid input "
+                       r"\(last: the reference's final value of 'x' is float64\[3, 3\] but "
+                       r"the argument is float64\[3\]"):
+        equiv.check(rowbias_1d_, settings=FAST)
+
+
 def checked_log_ref(x):
     if bool((x <= 0).any()):
         raise ValueError(f"log of a non-positive value: {x.min().item():.3g}")

@@ -9,6 +9,10 @@
   before raising.
 - ``error_inputs=`` examples: both sides must raise.
 
+An implementation that raises where the reference returns a final value no write in place can
+leave (another shape or dtype than the mutated argument) is not judged: the example is outside
+the contract, and the runner rejects it as invalid input.
+
 An example on which both sides raise the same error is otherwise invalid input (the runner
 rejects it) unless it is an ``error_inputs=`` example or its error is the declared ``raises=``:
 then it is a checked, passing example.
@@ -63,7 +67,7 @@ def _recorded(ex: Any, sink: Sink) -> None:
             fix="reject this input in the implementation the way the reference does, or "
                 "restrict inputs= to inputs the reference accepts.",
         )
-    else:
+    elif ex.unwritable_final() is None:  # else the example is outside the contract
         sink.finding(
             NAME,
             f"the implementation{where} raised {type(impl_exc).__name__} where the reference "

@@ -192,10 +192,36 @@ class Execution:
         return self.ref_exc is None and self.impl_exc is None and self.ref_side is not None
 
     def rejection(self) -> str | None:
-        """Why the example is invalid input (both raised the same type of error), else None."""
+        """Why the example is invalid input, else None: both raised the same type of error,
+        or the implementation raised where the reference's result holds a final value no
+        write in place can leave (:meth:`unwritable_final`)."""
         r, i = self.ref_exc, self.impl_exc
         if r is not None and i is not None and isinstance(i, type(r)):
             return f"the reference raised {type(r).__name__}: {error_text(r)[:200]}"
+        if r is None and i is not None:
+            return self.unwritable_final()
+        return None
+
+    def unwritable_final(self) -> str | None:
+        """Why the reference's result on this example cannot be the final values of the
+        arguments written in place (a final value of another shape or dtype than its argument:
+        ``x + b[:, None]`` for a 1-d ``x``), else None. The example is then outside the
+        contract: an implementation writing in place cannot match it, so its raising there is
+        no evidence against it."""
+        if self.ref_exc is not None or self.ref_side is None or not self.spec.mutates:
+            return None
+        try:
+            _, finals, _ = split(self.spec, self.ref_result)
+        except ReferenceError_:
+            return None
+        for name, final in finals.items():
+            arg = self.ref_side.bound.arguments.get(name)
+            if isinstance(final, torch.Tensor) and isinstance(arg, torch.Tensor) and (
+                    final.shape != arg.shape or final.dtype != arg.dtype):
+                return (f"the reference's final value of {name!r} is "
+                        f"{_brief_tensor(final)} but the argument is {_brief_tensor(arg)}: "
+                        "no write in place leaves that, so the example is outside the "
+                        "contract (the implementation raised on it)")
         return None
 
     # -- more runs, through the core ----------------------------------------------------------
@@ -387,6 +413,10 @@ def execute(spec: Spec, cfg: Settings, example: Args, cot_seed: int,
     if costly:  # output-stability's evidence (a costly check)
         ex.out_snapshot, ex.snapshotted = detached_clone(ex.impl_result), True
     return ex
+
+
+def _brief_tensor(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
 
 
 def _comparable_only(spec: Spec, who: str, result: Any) -> None:
