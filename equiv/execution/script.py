@@ -93,6 +93,7 @@ class Script:
             if grads_of[key] is None:
                 return None
             result.append(grads_of[key][0])
+        self._ref_cache.pop("even", None)  # its VJPs are taken: the run is made again if asked
         return result
 
     def _ref_forward(self, k: int) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
@@ -116,18 +117,21 @@ class Script:
         Under a ``recorder`` the run ends with a ``release`` phase: the graph, the outputs and
         then the arguments are dropped, so the timeline shows when each storage is freed."""
         # an optimizer step writes the leaves: they must not view the example's values
-        side: Side = self.template.instantiate(device=self.device,
-                                               leaves_written="step" in schedule.steps)
-        leaves = [side.leaves[g.index] for g in self.groups]
+        def fresh() -> Side:
+            return self.template.instantiate(device=self.device,
+                                             leaves_written="step" in schedule.steps)
+
         result = ScriptResult([])
-        if recorder is None:
+        if recorder is None:  # the side is only the steps' to hold: released after its last
             with isolated():  # global torch state the user's code sets is restored
-                self._steps(schedule, fn, side, leaves, cots, result, None)
+                self._steps(schedule, fn, fresh(), cots, result, None)
             return result
+        side = fresh()
+        leaves = [side.leaves[g.index] for g in self.groups]
         self._name_arguments(recorder, side, leaves)
         with recorder:
             with isolated():
-                self._steps(schedule, fn, side, leaves, cots, result, recorder)
+                self._steps(schedule, fn, side, cots, result, recorder)
             # the steps' frame is gone, so the graph and outputs are freed; now the arguments
             # (no gc.collect(): a full collection costs ~0.3 s; storages kept only by reference
             # cycles, e.g. a ctx attribute holding an output, are simply not shown released)
@@ -141,15 +145,20 @@ class Script:
         for name, leaf in zip(self.names, leaves):
             recorder.name(leaf, name)
 
-    def _steps(self, schedule: Schedule, fn: Any, side: Side, leaves: list[torch.Tensor],
+    def _steps(self, schedule: Schedule, fn: Any, side: Side,
                cots: list[list[torch.Tensor]], result: ScriptResult,
                recorder: Recorder | None) -> None:
+        """``schedule``'s steps from its first forward on ``side``; without a recorder, each
+        forward's side and graph are released after the last step that reads them."""
         try:
-            forwards: list[tuple[Side, list[torch.Tensor], list[torch.Tensor]]] = []
+            forwards: list[Any] = []
+            leaves = [side.leaves[g.index] for g in self.groups]
             if not self._forward(fn, side, leaves, forwards, result, recorder):
                 return
+            del side, leaves  # held by ``forwards`` until the last step that reads them
             n_back = 0
-            for step in schedule.steps[1:]:
+            last = {} if recorder is not None else last_reads(schedule)
+            for i, step in enumerate(schedule.steps[1:], 1):
                 side, leaves, outs = forwards[-1]
                 try:
                     if step == "forward":
@@ -188,6 +197,9 @@ class Script:
                         raise
                     result.error, result.failed_step = e, step
                     return
+                for j, at in last.items():  # a forward no later step reads: its side and
+                    if at == i and j < len(forwards):  # graph are released
+                        forwards[j - 1] = (None, None, None)
         finally:
             if recorder is not None:
                 recorder.phase("release")
@@ -270,6 +282,23 @@ class Script:
         opt.step()
         for leaf, _ in chosen:
             leaf.grad = None
+
+
+def last_reads(schedule: Schedule) -> dict[int, int]:
+    """For each (1-based) forward of ``schedule``, the index of the last step that reads it
+    (its own step, a write, a step or a backward while it is the latest forward, a numbered
+    backward through it)."""
+    out: dict[int, int] = {}
+    forwards = 0
+    for i, step in enumerate(schedule.steps):
+        if step == "forward":
+            forwards += 1
+            out[forwards] = i
+        elif step.startswith("backward "):
+            out[int(step[9:])] = i
+        elif forwards:
+            out[forwards] = i
+    return out
 
 
 def backward_forwards(schedule: Schedule) -> list[int]:
