@@ -546,3 +546,45 @@ def test_plain_twin_drops_hazards_and_keeps_backward_order():
     assert plain_twin(Schedule(("forward", "write x", "backward"))).steps == (
         "forward", "backward 1")
     assert plain_twin(Schedule(("forward", "forward", "backward 2", "backward 1"))) is None
+
+
+def test_a_schedule_releases_a_forward_after_the_last_step_that_reads_it():
+    """Interleaved forwards: forward #1's side and graph are released once backward #1 ran, so
+    backward #2 runs with one forward's memory held, not two; under the recorder (a timeline)
+    both stay until the release phase."""
+    import weakref
+
+    from equiv.execution.script import Script
+    from equiv.timeline import Recorder
+    from tests.conftest import execution
+
+    refs: list = []
+    alive: list = []
+
+    class Keep(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            refs.append(weakref.ref(x))
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            alive.append([r() is not None for r in refs])
+            return g * 2
+
+    def double_ref(x):
+        return x * 2
+
+    @equivalent_to(double_ref)
+    def double(x):
+        return Keep.apply(x)
+
+    ex = execution(double, torch.randn(4, requires_grad=True))
+    plan = Script(ex)
+    schedule = Schedule(("forward", "forward", "backward 1", "backward 2"))
+    for recorder, want in ((None, [[True, True], [False, True]]),
+                           (Recorder(), [[True, True], [True, True]])):
+        refs.clear(), alive.clear()
+        result = plan.execute(schedule, ex.spec.impl, plan.cotangents(2), recorder=recorder)
+        assert result.error is None and len(result.grads) == 2
+        assert alive == want
