@@ -220,6 +220,9 @@ def _name_the_suspect(ex: Execution, sink: Sink) -> None:
 #: are past it (each holds a copy of the example): the call on new values that
 #: output-stability and state-across-calls share
 _LAST_READ_BY = {"state-across-calls": ("shuffled-call",)}
+#: the last check that reads the record's gradients (the implementation's backwards, the
+#: reference's VJPs): the costly checks after it run without them held
+_GRADIENTS_LAST_READ_BY = "mark-dirty"
 
 
 def _run_rows(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
@@ -230,6 +233,8 @@ def _run_rows(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
             break  # the example's verdict is its first finding's check: nothing more is read
         for key in _LAST_READ_BY.get(row.name, ()):
             getattr(ex, "cache", {}).pop(key, None)
+        if row.name == _GRADIENTS_LAST_READ_BY and hasattr(ex, "release_gradients"):
+            ex.release_gradients()
 
 
 def _run_row(cfg: Settings, ex: Any, sink: Sink, row: CheckRow) -> None:

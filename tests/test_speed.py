@@ -574,3 +574,26 @@ def test_the_smoothness_probes_of_one_call_draw_their_cotangents_once(monkeypatc
         shared = _derived._probe(ref, args, {}, planted, step, cots)
         own = _derived._probe(ref, args, {}, planted, step)
         assert all(torch.equal(a, b) for a, b in zip(shared, own))
+
+
+def test_the_costly_checks_run_with_the_records_gradients_released():
+    """After the last check that reads them (mark-dirty), the record drops both sides' gradient
+    tensors: the implementation's backwards may not run again (asking is loud), the
+    reference's VJP is taken again, bitwise the same, and its error is still known."""
+    from equiv.pipeline import _run_rows
+
+    @equivalent_to(lambda x: torch.tanh(x) * 2)
+    def tanh2(x):
+        return torch.tanh(x) * 2
+
+    x = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    ex = execution(tanh2, x)
+    ref_before = [g.clone() for g in ex.ref_grads(1)[0]]
+    sink = Sink(ex.spec, ex.cfg, "eager", "cpu")
+    _run_rows(ex.cfg, ex, sink, "eager")
+    assert not sink.findings and {"gradients", "schedule"} <= sink.ran
+    assert all(b.grads is None for b in ex._backwards) and ex._ref_grads == {}
+    with pytest.raises(RuntimeError, match="gradients were released"):
+        ex.backward(1)
+    assert ex.ref_grad_error(1) is None and ex._ref_grads == {}
+    assert all(torch.equal(a, b) for a, b in zip(ex.ref_grads(1)[0], ref_before))

@@ -462,7 +462,7 @@ def by_differences(ex: Execution) -> str | None:
     with."""
     pairing = ex.pairing()
     if pairing.pairs:
-        err = ex.ref_grads(1)[1] if pairing.ok else None
+        err = ex.ref_grad_error(1) if pairing.ok else None
         return None if err is None else f"its backward raised {type(err).__name__}"
     fd, _ = ex.oracle.finite_differences()
     return None if fd is None else "its result has no autograd history"

@@ -170,6 +170,8 @@ class Execution:
         self._ref_grads: dict[int, tuple[list[torch.Tensor], BaseException | None]] = {}
         self._ref_builtin: bool | None = None  # the reference's graph is torch's formulas only
         self._backwards: list[Backward] = []
+        #: the gradient tensors were released (:meth:`release_gradients`); the errors kept
+        self._released: dict[int, BaseException | None] | None = None
         self._nodes: list[Any] | None = None
         self.cache: dict[str, Any] = {}  # derived evidence shared by checks (e.g. a replay)
 
@@ -335,7 +337,7 @@ class Execution:
         they are handed, gets the :meth:`_pristine` tensors (no copy) where they exist; one
         with a custom Function or extension node gets a fresh laid-out copy, as the
         implementation does."""
-        if n not in self._ref_grads:
+        if n not in self._ref_grads:  # again after a release: the reference is pure
             refs = [r for _, _, r in self.pairing().pairs]
             if self._ref_builtin is None:
                 self._ref_builtin = builtin_only(refs)
@@ -355,6 +357,23 @@ class Execution:
             self._ref_grads[n] = (grads, err)
         return self._ref_grads[n]
 
+    def ref_grad_error(self, n: int) -> BaseException | None:
+        """What the reference's VJP for cotangent ``n`` raised (None: it returned), without
+        holding its gradients again once they were released."""
+        if n not in self._ref_grads and self._released is not None and n in self._released:
+            return self._released[n]
+        return self.ref_grads(n)[1]
+
+    def release_gradients(self) -> None:
+        """Drop the gradient tensors of both sides once no later check reads them (the costly
+        checks then run without them): the implementation's backwards may not run again (a
+        backward can be stateful), so asking for one after this is a bug in equiv; the
+        reference's are taken again if asked for."""
+        self._released = {n: err for n, (_, err) in self._ref_grads.items()}
+        self._ref_grads = {}
+        for b in self._backwards:
+            b.grads = None  # type: ignore[assignment]
+
     @property
     def backwards_run(self) -> int:
         """How many of the implementation's backwards (:meth:`backward`) have run."""
@@ -363,6 +382,9 @@ class Execution:
     def backward(self, k: int) -> Backward:
         """The implementation's backward #``k`` (1: first cotangent, 2: the second, 3: the first
         again), taking the earlier ones first; an earlier error is repeated."""
+        if self._released is not None:
+            raise RuntimeError("the implementation's gradients were released: a check that "
+                               "reads them runs before release_gradients()")
         while len(self._backwards) < k:
             if self._backwards and self._backwards[-1].error is not None:
                 return self._backwards[-1]
