@@ -1,10 +1,12 @@
-"""Every private torch import lives here, behind version guards; and the NumPy views through
-which equiv compares large CPU tensors (torch's CPU comparison kernels are slower)."""
+"""Every private torch and Hypothesis import lives here, behind version guards; and the NumPy
+views through which equiv compares large CPU tensors (torch's CPU comparison kernels are
+slower)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as _np
 import torch
@@ -316,3 +318,35 @@ def keyword_matcher(expression: str) -> Any:
         return compiled.evaluate(matcher)
 
     return matches
+
+
+# -- Hypothesis: constants drawn from source code ----------------------------------------------
+@contextlib.contextmanager
+def no_source_constants() -> Iterator[None]:
+    """Within the block, Hypothesis draws no constants found in the source of local modules.
+
+    Hypothesis sometimes draws an integer or float that appears as a literal in a local module
+    (any imported module outside site-packages and the standard library, test files aside).
+    That pool grows whenever the process imports another such module, so the examples one seed
+    draws would depend on what the process imported before the run. equiv's strategies draw
+    shapes from tables and values from seeds, so the pool adds only that dependence. Where this
+    Hypothesis has no such pool (or names it differently), the block changes nothing."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
+    except ImportError:
+        yield
+        return
+    pool = getattr(providers, "_get_local_constants", None)
+    cache = getattr(providers, "CONSTANTS_CACHE", None)  # (type, constraints) -> constants
+    if pool is None or not hasattr(getattr(cache, "cache", None), "clear"):
+        yield
+        return
+    empty = Constants()
+    cache.cache.clear()  # its entries hold constants of the pool before the block
+    providers._get_local_constants = lambda: empty
+    try:
+        yield
+    finally:
+        providers._get_local_constants = pool
+        cache.cache.clear()

@@ -17,6 +17,7 @@ from hypothesis.errors import DeadlineExceeded, FlakyFailure, Unsatisfiable
 from equiv import _values
 from equiv._args import as_args
 from equiv._catalog import CHECK_NAMES
+from equiv._compat import no_source_constants
 from equiv._contracts import ErrorArgs
 from equiv._explain import searching, verdict_only
 from equiv._settings import EXPLICIT_SEED, SKIPPABLE
@@ -118,7 +119,7 @@ def check(impl: Callable[..., Any], *, max_examples: int | None = None, seed: in
     reference = _reference_placement(spec.reference_device or reference_device,
                                      spec.reference_dtype or reference_dtype)
     with torch.inference_mode(False), isolated(config=True), torch.enable_grad(), \
-            owned_process(), quiet_anomaly(), frozen_heap():
+            owned_process(), quiet_anomaly(), frozen_heap(), no_source_constants():
         report = _check(spec, cfg, mode_objs, reference)
     if raise_on_failure and not report.findings and not report.ok:
         first = report.runs[0]

@@ -526,7 +526,11 @@ def test_naive_softplus_overflowing_in_float16_is_caught_with_extremes():
     def softplus(x):
         return _naive_softplus(x)
 
-    caught(softplus, "forward", "input variant: extremes in x:", "dtype: torch.float16")
+    caught(softplus, "forward", "dtype: torch.float16")
+    # the plain float16 values reach past 11.09 too: shrinking keeps the extremes variant only
+    # where no plain example fails, as on seed 0
+    f = next(f for f in run(softplus, 0).findings if f.check == "forward")
+    assert "input variant: extremes in x:" in f.message, f.message
 
 
 def _naive_softplus(x):

@@ -442,3 +442,47 @@ def test_a_default_device_set_by_user_code_is_restored():
     finally:
         torch.set_default_device(None)
     assert torch.empty(1).device.type == "cpu"
+
+
+SAME_SEED = """\
+import importlib, json, sys
+import hypothesis, torch
+import equiv
+
+drawn = []
+
+def double_ref(x, y):
+    return x * 2 + y
+
+@equiv.equivalent_to(double_ref)
+def double(x, y):
+    drawn.append([list(x.shape), list(y.shape), str(x.dtype), x.detach().double().sum().item()])
+    return x * 2 + y
+
+def run():
+    drawn.clear()  # the forward check alone calls the implementation once per example
+    cfg = equiv.settings(seed=1, max_examples=30, modes=("eager",), checks=("forward",),
+                         hypothesis_settings=hypothesis.settings(database=None))
+    report = equiv.check(double, settings=cfg, raise_on_failure=False)
+    return [report.examples_run, [f.check for f in report.findings], list(drawn)]
+
+first = run()
+importlib.import_module("kernel_sizes")  # a module of the user's with its own constants
+print(json.dumps([first, run()]))
+"""
+
+
+def test_the_same_seed_draws_the_same_examples_whatever_was_imported(tmp_path):
+    """A seeded run draws the same examples before and after the process imported a module
+    of the user's with constants of its own (Hypothesis draws some values from the literals
+    of the modules imported so far; equiv's runs draw from none)."""
+    (tmp_path / "kernel_sizes.py").write_text(
+        "BLOCKS = (%s)\nSCALES = (%s)\n" % (", ".join(str(7 + 13 * i) for i in range(60)),
+                                            ", ".join(f"{0.37 + i:.2f}" for i in range(30))))
+    (tmp_path / "same_seed.py").write_text(SAME_SEED)
+    proc = subprocess.run([sys.executable, "same_seed.py"], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, again = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert first[0] >= 25 and first[1] == [], first
+    assert again == first
