@@ -311,14 +311,28 @@ def test_mutated_aliasing_bug_is_caught_when_allowed():
 
 
 def test_mutated_aliasing_twin_passes():
-    """Reads y before the write that could change it; torch refuses partial overlap (raise
-    accepted)."""
+    """Computes the whole result before writing x: right whatever y shares with x (the same
+    tensor, a broadcast row of its memory)."""
+    @equivalent_to(add_scaled_ref, mutates={"x": "out"},
+                   variants=("layouts", "aliasing", "aliasing-mutated"))
+    def add_scaled_(x, y):
+        return x.copy_(2 * x + y)
+
+    passes(add_scaled_)
+
+
+def test_an_elementwise_write_reading_a_broadcast_alias_is_caught():
+    """x.add_(y) reads each element of y before writing that position, but a broadcast y is
+    read at several positions: where y overlaps x, an element is read after a write changed it
+    (torch does not refuse that overlap)."""
     @equivalent_to(add_scaled_ref, mutates={"x": "out"},
                    variants=("layouts", "aliasing", "aliasing-mutated"))
     def add_scaled_(x, y):
         return x.add_(y, alpha=0.5).mul_(2)
 
-    passes(add_scaled_)
+    f = next(f for f in run(add_scaled_, 0).findings if f.check == "mutation")
+    assert "final value of mutated argument 'x' differs" in f.headline
+    assert "(overlaps x" in f.message
 
 
 # -- a batch of one, float16 ---------------------------------------------------------------------
