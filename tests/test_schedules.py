@@ -548,28 +548,33 @@ def test_plain_twin_drops_hazards_and_keeps_backward_order():
     assert plain_twin(Schedule(("forward", "forward", "backward 2", "backward 1"))) is None
 
 
-def test_a_schedule_releases_a_forward_after_the_last_step_that_reads_it():
+def test_a_schedule_releases_a_forward_after_the_last_step_that_reads_it(monkeypatch):
     """Interleaved forwards: forward #1's side and graph are released once backward #1 ran, so
-    backward #2 runs with one forward's memory held, not two; under the recorder (a timeline)
-    both stay until the release phase."""
+    backward #2 runs with one forward's memory held, not two -- also once a compiled function
+    raised (Dynamo's eval-frame hook stays installed: a call's arguments then stay referenced
+    by the caller while it runs); under the recorder (a timeline) both stay until the release
+    phase."""
     import weakref
 
+    from equiv.examples import Template
     from equiv.execution.script import Script
     from equiv.timeline import Recorder
     from tests.conftest import execution
 
-    refs: list = []
+    broken = torch.compile(lambda a, b: a @ b, backend="aot_eager")
+    with pytest.raises(Exception):
+        broken(torch.randn(3, 2), torch.randn(3))
+    sides: list = []
     alive: list = []
 
     class Keep(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
-            refs.append(weakref.ref(x))
             return x * 2
 
         @staticmethod
         def backward(ctx, g):
-            alive.append([r() is not None for r in refs])
+            alive.append([s() is not None for s in sides])
             return g * 2
 
     def double_ref(x):
@@ -581,10 +586,18 @@ def test_a_schedule_releases_a_forward_after_the_last_step_that_reads_it():
 
     ex = execution(double, torch.randn(4, requires_grad=True))
     plan = Script(ex)
+    real = Template.instantiate
+
+    def spy(self, *args, **kwargs):
+        side = real(self, *args, **kwargs)
+        sides.append(weakref.ref(side))
+        return side
+
+    monkeypatch.setattr(Template, "instantiate", spy)
     schedule = Schedule(("forward", "forward", "backward 1", "backward 2"))
     for recorder, want in ((None, [[True, True], [False, True]]),
                            (Recorder(), [[True, True], [True, True]])):
-        refs.clear(), alive.clear()
+        sides.clear(), alive.clear()
         result = plan.execute(schedule, ex.spec.impl, plan.cotangents(2), recorder=recorder)
         assert result.error is None and len(result.grads) == 2
         assert alive == want

@@ -9,7 +9,7 @@ off); a diverging run is then replayed under the :class:`~equiv.timeline.Recorde
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -122,16 +122,16 @@ class Script:
                                              leaves_written="step" in schedule.steps)
 
         result = ScriptResult([])
-        if recorder is None:  # the side is only the steps' to hold: released after its last
+        if recorder is None:  # the steps make and hold the side: released after its last read
             with isolated():  # global torch state the user's code sets is restored
-                self._steps(schedule, fn, fresh(), cots, result, None)
+                self._steps(schedule, fn, fresh, cots, result, None)
             return result
         side = fresh()
         leaves = [side.leaves[g.index] for g in self.groups]
         self._name_arguments(recorder, side, leaves)
         with recorder:
             with isolated():
-                self._steps(schedule, fn, side, cots, result, recorder)
+                self._steps(schedule, fn, lambda: side, cots, result, recorder)
             # the steps' frame is gone, so the graph and outputs are freed; now the arguments
             # (no gc.collect(): a full collection costs ~0.3 s; storages kept only by reference
             # cycles, e.g. a ctx attribute holding an output, are simply not shown released)
@@ -145,13 +145,16 @@ class Script:
         for name, leaf in zip(self.names, leaves):
             recorder.name(leaf, name)
 
-    def _steps(self, schedule: Schedule, fn: Any, side: Side,
+    def _steps(self, schedule: Schedule, fn: Any, first: Callable[[], Side],
                cots: list[list[torch.Tensor]], result: ScriptResult,
                recorder: Recorder | None) -> None:
-        """``schedule``'s steps from its first forward on ``side``; without a recorder, each
-        forward's side and graph are released after the last step that reads them."""
+        """``schedule``'s steps from its first forward on the side ``first()`` makes; without a
+        recorder, each forward's side and graph are released after the last step that reads
+        them (the side is made here, not passed: an argument stays referenced by the caller
+        while a call runs when an eval-frame hook such as Dynamo's is installed)."""
         try:
             forwards: list[Any] = []
+            side = first()
             leaves = [side.leaves[g.index] for g in self.groups]
             if not self._forward(fn, side, leaves, forwards, result, recorder):
                 return
