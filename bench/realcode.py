@@ -70,6 +70,11 @@ KNOWN_REAL: dict[str, dict[str, str]] = {
                    "float64 where _refs is within 0.5",
         "gradients": "the same float16 rounding, through exp(x - lse)",
         "repeated-backward": "the same float16 rounding, through exp(x - lse)"},
+    "elu_": {
+        "gradients": "float16 elu_ (in place) takes its backward from the rounded result: "
+                     "result + alpha cancels for x << 0, 12 float16 ulps from exp(x) at "
+                     "x = -4.36 where _refs (from x) is within 1",
+        "repeated-backward": "the same float16 cancellation in elu_'s backward"},
     "vector_norm": {
         "forward": "CPU vector_norm of a stride-0 float32 input: ~25 eps relative error, "
                    "1.6 eps for the same values contiguous",

@@ -121,6 +121,22 @@ def logsumexp_half_accuracy() -> None:
               f"{abs(got.item() - exact) / ulp:.1f} ulps)")
 
 
+def elu_inplace_half_grad() -> None:
+    """float16 elu_ (in place) takes its backward from the rounded result: result + alpha
+    cancels for x << 0, 12 float16 ulps from exp(x) at x = -4.36 where _refs (from x) is within
+    1."""
+    x0 = torch.tensor([-4.359375], dtype=torch.float16)
+    leaf = x0.clone().requires_grad_()
+    aten = torch.autograd.grad(F.elu_(leaf.clone()), leaf, torch.ones(1, dtype=torch.float16))[0]
+    leaf = x0.clone().requires_grad_()
+    ref = torch.autograd.grad(RF.elu(leaf), leaf, torch.ones(1, dtype=torch.float16))[0]
+    exact = torch.exp(x0.double()).item()
+    ulp = torch.finfo(torch.float16).eps * 2.0 ** math.floor(math.log2(exact))
+    for label, got in (("ATen elu_", aten), ("_refs elu", ref)):
+        print(f"grad {label}: {got.item():.6g} (float64 {exact:.6g}, "
+              f"{abs(got.item() - exact) / ulp:.1f} ulps)")
+
+
 # -- the facts behind the false alarms -----------------------------------------------------------
 
 def constant_refuses_grad() -> None:
@@ -177,7 +193,7 @@ def layer_norm_one_element() -> None:
 ALL = (group_norm_stride0_weight, group_norm_one_value_per_group,
        batch_norm_train_running_stats_grad, batch_norm_eval_stride0_weight,
        constant_pad_nd_drops_grad, vector_norm_stride0_accuracy, addcdiv_half_grad_overflow,
-       logsumexp_half_accuracy,
+       logsumexp_half_accuracy, elu_inplace_half_grad,
        constant_refuses_grad,
        clamp_tie_lo_equals_hi, kink_all_equal, layer_norm_one_element)
 

@@ -910,6 +910,26 @@ def test_a_subgradient_between_the_sides_passes_where_the_reference_gives_nan():
     assert any("at x[0] (between the one-sided derivatives)" in n for n in report.notes)
 
 
+def test_every_element_of_an_expanded_constant_at_a_kink_is_probed():
+    """std of rows that are one repeated value (x expanded along the reduced dim): as a
+    function of each of the 8 stored values std is constant 0, its autograd through the
+    decomposition 0 * inf = NaN; ATen's 0 is the derivative at all 8 elements, each probed."""
+    import torch._refs as refs
+
+    storage = torch.linspace(-3.5, 3.5, 8, dtype=torch.float64).requires_grad_()
+    x = storage.as_strided((8, 2), (1, 0))
+
+    @equivalent_to(lambda t: refs.std(t, -1), examples=[(x,)], variants=False)
+    def std(t):
+        return torch.std(t, -1)
+
+    report = equiv.check(std, settings=equiv.settings(FAST, max_examples=1),
+                         raise_on_failure=False)
+    assert report.ok, report.render()
+    assert any("the reference is not differentiable" in n and "t[7]" in n
+               for n in report.notes), report.notes
+
+
 def test_a_gradient_outside_the_one_sided_derivatives_is_a_finding():
     """3 at |x|'s kink is outside [-1, 1]: not a subgradient."""
     @equivalent_to(_sqrt_of_square, examples=ZERO)

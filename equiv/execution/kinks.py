@@ -38,7 +38,7 @@ from equiv.strategies._derived import jumps_at, smooth_at
 if TYPE_CHECKING:
     from equiv.execution.record import Execution
 
-_ELEMENTS = 4  # mismatched elements probed per gradient
+_ELEMENTS = 32  # mismatched elements probed per gradient (each a few reference calls)
 _STEP = 1e-5  # relative to max(1, |value|)
 _CLOSES = 0.5  # at a smooth point the difference shrinks with the step (to ~1/4)
 
