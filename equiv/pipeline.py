@@ -234,7 +234,7 @@ def _run_rows(cfg: Settings, ex: Any, sink: Sink, kind: str) -> None:
         for key in _LAST_READ_BY.get(row.name, ()):
             getattr(ex, "cache", {}).pop(key, None)
         if row.name == _GRADIENTS_LAST_READ_BY and hasattr(ex, "release_gradients"):
-            ex.release_gradients()
+            ex.release_gradients(reference=not sink.findings)  # a finding keeps its evidence
 
 
 def _run_row(cfg: Settings, ex: Any, sink: Sink, row: CheckRow) -> None:

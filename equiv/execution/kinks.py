@@ -18,7 +18,9 @@ reference's autograd when a one-sided difference stays away from the autograd va
 step shrinks (at a smooth point it closes in as the step does). The implementation's value is
 accepted there when it equals that one-sided difference; the element is then taken out of the
 comparison (set equal on both sides) and the gradient judged again, for up to
-:data:`_ELEMENTS` elements. Anything else keeps the finding.
+:data:`_ELEMENTS` elements where the reference's autograd has a value (a few isolated kinks,
+not a reference whose backward is wrong everywhere), and up to :data:`_UNDEFINED` in all where
+it is NaN (an expanded constant at ``std``'s kink). Anything else keeps the finding.
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ from equiv.strategies._derived import jumps_at, smooth_at
 if TYPE_CHECKING:
     from equiv.execution.record import Execution
 
-_ELEMENTS = 32  # mismatched elements probed per gradient (each a few reference calls)
+_ELEMENTS = 4  # mismatched elements probed per gradient where the reference has a value
+#: ... and in all, counting those where its float64 autograd value is NaN (0 * inf: std of a
+#: constant row); each probe is a few reference calls
+_UNDEFINED = 32
 _STEP = 1e-5  # relative to max(1, |value|)
 _CLOSES = 0.5  # at a smooth point the difference shrinks with the step (to ~1/4)
 
@@ -55,9 +60,13 @@ def subgradient_choice(ex: Any, name: str, i: int, actual: torch.Tensor, expecte
     baseline = (ex.oracle.baseline_grads(n) or [None] * (i + 1))[i]
     values = [t.detach().clone() for t in (expected, oracle, baseline) if t is not None]
     seen = []
-    for _ in range(_ELEMENTS):
+    defined = 0  # probed elements where the reference's autograd has a value
+    for _ in range(_UNDEFINED):
         index = getattr(m, "index", None)
         if index is None or len(index) != actual.dim():
+            return None
+        defined += not math.isnan(float(oracle[index]))
+        if defined > _ELEMENTS:
             return None
         side = _one_sided(ex, group, _storage_index(ex, group, index), n, float(oracle[index]),
                           float(actual.detach()[index]), actual.dtype)

@@ -364,15 +364,22 @@ class Execution:
             return self._released[n]
         return self.ref_grads(n)[1]
 
-    def release_gradients(self) -> None:
-        """Drop the gradient tensors of both sides once no later check reads them (the costly
-        checks then run without them): the implementation's backwards may not run again (a
-        backward can be stateful), so asking for one after this is a bug in equiv; the
-        reference's are taken again if asked for."""
+    def release_gradients(self, reference: bool = True) -> None:
+        """Drop the gradient tensors once no later check reads them (the costly checks then
+        run without them): the implementation's backwards may not run again (a backward can be
+        stateful), so asking for one after this is a bug in equiv; with ``reference``, the
+        reference's VJPs too (taken again if asked for; keep them where a finding may still
+        need them as evidence: a reference returning other gradients on a second call)."""
         self._released = {n: err for n, (_, err) in self._ref_grads.items()}
-        self._ref_grads = {}
+        if reference:
+            self._ref_grads = {}
         for b in self._backwards:
             b.grads = None  # type: ignore[assignment]
+
+    @property
+    def reference_grads_released(self) -> bool:
+        """The reference's VJPs were released: one asked for now is a new call's."""
+        return self._released is not None and not self._ref_grads
 
     @property
     def backwards_run(self) -> int:

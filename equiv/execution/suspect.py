@@ -73,8 +73,8 @@ def _nondeterministic(ex: Execution) -> str | None:
 def _backward_differs(ex: Execution, side: Any, values: dict[str, Any]) -> str | None:
     """The reference's VJP for cotangent 1 on the fresh copy against the record's."""
     pairing = ex.pairing()
-    if not (pairing.ok and pairing.pairs):
-        return None
+    if not (pairing.ok and pairing.pairs) or ex.reference_grads_released:
+        return None  # the record's own VJP is gone: a new call would be compared with a new one
     grads, err = ex.ref_grads(1)
     outs = [values.get(name) for name, _, _ in pairing.pairs]
     leaves = [side.leaves[g.index] for g in pairing.groups]
