@@ -178,11 +178,13 @@ def raw_executed_time(case: Case, executed: list[tuple[Template, Any]],
 COSTLY_SHARE: list[float | None] = [None]
 
 
-def check_time(fn, n: int, device: str = "cpu") -> tuple[float, int]:
-    """Wall time of check() on ``n`` examples and the examples it ran."""
+def check_time(fn, n: int, device: str = "cpu", **options: Any) -> tuple[float, int]:
+    """Wall time of check() on ``n`` examples and the examples it ran (``options``: more
+    settings)."""
     share = {} if COSTLY_SHARE[0] is None else {"costly_share": COSTLY_SHARE[0]}
     cfg = equiv.settings(max_examples=n, seed=0, modes=("eager",), devices=(device,),
-                         hypothesis_settings=hypothesis.settings(database=None), **share)
+                         hypothesis_settings=hypothesis.settings(database=None),
+                         **{**share, **options})
     _sync(device)
     start = time.perf_counter()
     report = equiv.check(fn, settings=cfg)

@@ -14,11 +14,15 @@ scaled custom ``torch.autograd.Function``; x of shape (n/1000, 1000), w of shape
 Interleaved rounds (the order rotates), medians of the per-round ratios.
 ``--profile`` adds, per row, where check()'s time goes (cProfile, self time by area).
 
+``--floor`` adds *equiv floor*: check() with the two extras the speed decision keeps switched
+off (``backward_repeats=1``; the costly checks on the first example only), in the same
+rounds: how much of equiv/peer those two decisions account for.
+
 ``--traffic`` adds, per row, the elements check() runs through copy and comparison ops (a
 count, not a time: the same on a loaded machine as on a quiet one).
 
     python bench/peer.py [--examples 40] [--sizes 1000,1000000] [--rounds 5] [--profile]
-                         [--traffic]
+                         [--traffic] [--floor]
 """
 
 from __future__ import annotations
@@ -140,7 +144,12 @@ def traffic(fn, n: int) -> str:
     return f"all {sum(elements.values()) / 1e6:.1f}M elements: " + ", ".join(parts)
 
 
-def measure(case: Case, numel: int, n: int, rounds: int) -> dict:
+#: check()'s settings without the decided extras: no second backward, the costly checks on
+#: the first valid example only (a share below one in any example count)
+FLOOR = {"backward_repeats": 1, "costly_share": 1e-9}
+
+
+def measure(case: Case, numel: int, n: int, rounds: int, floor: bool = False) -> dict:
     """Interleaved rounds of check(), the peer test and the executed raw on ``case``."""
     strategy = overhead._inputs(case.arity, shape_of(numel))
     fn = overhead.equivalent_to(case.ref, mutates=case.mutates, inputs=strategy,
@@ -153,20 +162,24 @@ def measure(case: Case, numel: int, n: int, rounds: int) -> dict:
     runs = {"equiv": lambda: overhead.check_time(fn, n),
             "peer": peer,
             "raw": lambda: overhead.raw_executed_time(case, executed)}
+    if floor:
+        runs["floor"] = lambda: overhead.check_time(fn, n, **FLOOR)
+        runs["floor"]()  # warm-up
     times: dict[str, list[float]] = {k: [] for k in runs}
     order = list(runs)
     for r in range(rounds):
-        for k in order[r % 3:] + order[:r % 3]:
+        for k in order[r % len(order):] + order[:r % len(order)]:
             times[k].append(_timed(runs[k]))
     ratio = lambda a, b: statistics.median(x / y for x, y in zip(times[a], times[b]))
     return {"examples": ran, "executed": len(executed),
             **{k: statistics.median(v) for k, v in times.items()},
             "equiv/peer": ratio("equiv", "peer"), "equiv/raw": ratio("equiv", "raw"),
-            "peer/raw": ratio("peer", "raw"), "fn": fn}
+            "peer/raw": ratio("peer", "raw"), "fn": fn,
+            **({"floor/peer": ratio("floor", "peer")} if floor else {})}
 
 
 def bench(examples: int = 40, sizes: tuple[int, ...] = (1000, 1_000_000), rounds: int = 5,
-          profiled: bool = False, counted: bool = False) -> str:
+          profiled: bool = False, counted: bool = False, floor: bool = False) -> str:
     """The peer table (markdown) for every case at every size."""
     rows = [f"{rounds} interleaved rounds per row (order rotating), eager, default checks; x "
             "(n/1000, 1000), w (1000,); peer = the hand-written Hypothesis test (same strategy "
@@ -174,17 +187,19 @@ def bench(examples: int = 40, sizes: tuple[int, ...] = (1000, 1_000_000), rounds
             "raw = both sides' forward + 2 backwards on the examples check() executed; ratios "
             "are medians of per-round ratios", "",
             "| case | elements | examples (executed) | equiv s | peer s | raw s | equiv/peer "
-            "| equiv/raw | peer/raw |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "| equiv/raw | peer/raw |" + (" equiv floor/peer |" if floor else ""),
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            + (" ---: |" if floor else "")]
     profiles = []
     for numel in sizes:
         n = examples if numel < 100_000 else max(examples // 4, 3)
         for case in CASES:
-            m = measure(case, numel, n, rounds)
+            m = measure(case, numel, n, rounds, floor)
             rows.append(f"| {case.label} | {numel:,} | {m['examples']} ({m['executed']}) | "
                         f"{m['equiv']:.3f} | {m['peer']:.3f} | {m['raw']:.3f} | "
                         f"{m['equiv/peer']:.1f}x | {m['equiv/raw']:.1f}x | "
-                        f"{m['peer/raw']:.1f}x |")
+                        f"{m['peer/raw']:.1f}x |"
+                        + (f" {m['floor/peer']:.1f}x |" if floor else ""))
             if counted:
                 profiles.append(f"copy and comparison traffic, {case.label}, {numel:,} "
                                 f"elements: {traffic(m['fn'], n)}\n")
@@ -204,9 +219,11 @@ def main(argv=None) -> str:
     p.add_argument("--profile", action="store_true", help="where check()'s time goes, per row")
     p.add_argument("--traffic", action="store_true",
                    help="elements through copy and comparison ops, per row")
+    p.add_argument("--floor", action="store_true",
+                   help="also check() without a second backward, costly checks on one example")
     args = p.parse_args(argv)
     return bench(args.examples, tuple(int(s) for s in args.sizes.split(",")), args.rounds,
-                 args.profile, args.traffic)
+                 args.profile, args.traffic, args.floor)
 
 
 if __name__ == "__main__":

@@ -171,8 +171,9 @@ def test_realcode_rows_pass_fail_and_flag_unclassified(bench_path, tmp_path):
 
 def test_peer_test_passes_the_cases_and_catches_a_wrong_kernel(bench_path):
     """The hand-written test bench/peer.py times is a real test: it passes the three kernels
-    and fails a relu_ that clamps at the wrong bound."""
+    and fails a relu_ that clamps at the wrong bound; ``--floor`` adds a column per row."""
     import dataclasses
+    import re
 
     overhead, peer = importlib.import_module("overhead"), importlib.import_module("peer")
     for case in overhead.CASES:
@@ -180,9 +181,11 @@ def test_peer_test_passes_the_cases_and_catches_a_wrong_kernel(bench_path):
     wrong = dataclasses.replace(overhead.CASES[0], call=lambda x: x.clamp_(min=0.5))
     with pytest.raises(AssertionError):
         peer.peer_test(wrong, overhead._inputs(1, (2, 10)), 10)()
-    table = peer.bench(examples=2, sizes=(1000,), rounds=1)
+    table = peer.bench(examples=2, sizes=(1000,), rounds=1, floor=True)
+    assert "equiv floor/peer" in table
     for case in overhead.CASES:
-        assert f"| {case.label} | 1,000 | " in table
+        assert re.search(rf"\| {re.escape(case.label)} \| 1,000 \| .*x \| [0-9.]+x \|$", table,
+                         re.M), table
 
 
 def test_peer_traffic_counts_the_copies_and_comparisons_of_a_check(bench_path):
