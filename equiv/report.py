@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from typing import Any, Iterable, Sequence
 
 from equiv._catalog import FAILURE_CLASSES
@@ -246,6 +247,26 @@ class Report:
         classes = {f.failure_class for f in self.findings}
         cls = classes.pop() if len(classes) == 1 else EquivalenceFailure
         raise cls(self)
+
+
+#: what differs between two notes of one kind from different examples: element listings
+#: (``x[0, 1] (from above), ...``), then any other number
+_LISTING = re.compile(r"[\w.']+\[[^\]]*\](?: \([^)]*\))?(?:(?:, | and )[\w.']+\[[^\]]*\]"
+                      r"(?: \([^)]*\))?)*(?: and \d+ more elements)?")
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def fold_notes(notes: Iterable[str]) -> list[str]:
+    """One note per kind: notes that differ only in the elements they list or in numbers (the
+    same note from other examples) become the first of them and how many more there were."""
+    first: dict[str, str] = {}
+    count: dict[str, int] = {}
+    for note in notes:
+        kind = _NUMBER.sub("#", _LISTING.sub("@", note))
+        first.setdefault(kind, note)
+        count[kind] = count.get(kind, 0) + 1
+    return [note + (f" (and {count[k] - 1} more like it from other examples)"
+                    if count[k] > 1 else "") for k, note in first.items()]
 
 
 def count_findings(roots: int, follow_ons: int) -> str:

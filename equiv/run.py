@@ -31,7 +31,7 @@ from equiv._watchdog import ExampleTimeout, deadline_timeout, per_example
 from equiv.execution.calls import frozen_heap, isolated, owned_process, quiet_anomaly
 from equiv.execution.record import Placement
 from equiv.pipeline import Outcome, execute_example, narrowed, rows_for
-from equiv.report import Finding, ModeResult, Report
+from equiv.report import Finding, ModeResult, Report, fold_notes
 from equiv.spec import Spec, get_spec
 from equiv.strategies import arguments_for, compile_arguments_for
 from equiv.strategies._compile import compile_draws, prefer_sides_of_two
@@ -172,7 +172,7 @@ def _check(spec: Spec, cfg: Settings, mode_objs: list[Mode],
         examples_run=stats["runs"],
         invalid_examples=stats["invalid"], first_failure_at=stats["first_failure"] or None,
         modes=tuple(m.name for m in mode_objs),
-        devices=cfg.devices, checks=cfg.checks, notes=tuple(notes), settings=cfg.summary(),
+        devices=cfg.devices, checks=cfg.checks, notes=tuple(fold_notes(notes)), settings=cfg.summary(),
         runs=tuple(runs),
     )
 

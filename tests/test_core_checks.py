@@ -3,6 +3,8 @@ and passes a correct, tricky twin."""
 
 from __future__ import annotations
 
+import re
+
 import hypothesis.strategies as st
 import pytest
 import torch
@@ -910,6 +912,29 @@ def test_a_subgradient_between_the_sides_passes_where_the_reference_gives_nan():
     assert any("at x[0] (between the one-sided derivatives)" in n for n in report.notes)
 
 
+def test_notes_of_one_kind_from_many_examples_are_one_note_with_a_count():
+    """Three examples of |x| with zeros at other elements (the reference's autograd NaN there,
+    abs's 0 a subgradient): one note per kind (backward #1, backward #2), naming at most four
+    elements and how many more, and how many more such notes other examples made."""
+    zeros = [torch.tensor([0.0] * k + [0.5] * (8 - k), requires_grad=True) for k in (6, 5, 7)]
+
+    @equivalent_to(_sqrt_of_square, examples=[(t,) for t in zeros])
+    def absolute(x):
+        return x.abs()
+
+    report = equiv.check(absolute, settings=equiv.settings(FAST, max_examples=3),
+                         raise_on_failure=False)
+    assert report.ok, report.render()
+    first = [n for n in report.notes if n.startswith("gradient w.r.t. 'x': at ")]
+    second = [n for n in report.notes if n.startswith("backward #2: gradient w.r.t. 'x': at ")]
+    assert len(first) == len(second) == 1, report.notes
+    side = "(between the one-sided derivatives)"
+    assert re.match(re.escape(f"gradient w.r.t. 'x': at x[0] {side}, x[1] {side}, x[2] {side}, "
+                              f"x[3] {side} and ") + "[123] more elements the reference is not "
+                    "differentiable", first[0]), first
+    assert first[0].endswith(" (and 2 more like it from other examples)"), first
+
+
 def test_every_element_of_an_expanded_constant_at_a_kink_is_probed():
     """std of rows that are one repeated value (x expanded along the reduced dim): as a
     function of each of the 8 stored values std is constant 0, its autograd through the
@@ -926,7 +951,8 @@ def test_every_element_of_an_expanded_constant_at_a_kink_is_probed():
     report = equiv.check(std, settings=equiv.settings(FAST, max_examples=1),
                          raise_on_failure=False)
     assert report.ok, report.render()
-    assert any("the reference is not differentiable" in n and "t[7]" in n
+    assert any("the reference is not differentiable" in n and "t[3] (from above) and 4 more "
+               "elements" in n
                for n in report.notes), report.notes
 
 

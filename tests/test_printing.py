@@ -215,3 +215,20 @@ def test_check_writes_the_big_example_where_its_code_loads_it(tmp_path):
     with pytest.raises(equiv.OutputMismatch, match="differs from the reference"):
         exec(code, {})
     assert _values.directory().endswith("equiv-examples")
+
+
+def test_fold_notes_keeps_kinds_apart_and_counts_the_rest():
+    """Notes differing in listed elements or numbers fold into the first; a dtype's name
+    (digits inside a word) keeps two notes apart."""
+    from equiv.report import fold_notes
+
+    notes = ["gradient w.r.t. 'x': at x[0] (from above) the reference is not differentiable",
+             "x: float32 differences within rounding level",
+             "gradient w.r.t. 'x': at x[1, 2] (from below), x[3, 0] (from above) and 5 more "
+             "elements the reference is not differentiable",
+             "x: float16 differences within rounding level",
+             "gradient w.r.t. 'w': at w[2] (from above) the reference is not differentiable",
+             "gradient w.r.t. 'x': at x[4] (from above) the reference is not differentiable"]
+    assert fold_notes(notes) == [
+        notes[0] + " (and 2 more like it from other examples)", notes[1], notes[3], notes[4]]
+    assert fold_notes(["a", "a"]) == ["a (and 1 more like it from other examples)"]

@@ -79,11 +79,17 @@ def subgradient_choice(ex: Any, name: str, i: int, actual: torch.Tensor, expecte
         m = ex.oracle.judge(name, actual, e, kind="gradients", group=group, cotangent=n,
                             oracle=o, baseline=b, rounding=lambda: ex.oracle.gradient_spread(n, i))
         if m is None:
-            return (f"gradient w.r.t. {name!r}: at {', '.join(seen)} the reference is not "
+            return (f"gradient w.r.t. {name!r}: at {_listed(seen)} the reference is not "
                     "differentiable (or its autograd value there is not its derivative) and "
                     "the implementation returns the reference's own one-sided derivative; "
                     "accepted there, the rest compared")
     return None
+
+
+def _listed(elements: list[str], shown: int = 4) -> str:
+    """``elements`` joined, the first ``shown`` of them and how many more."""
+    more = len(elements) - shown
+    return ", ".join(elements[:shown]) + (f" and {more} more elements" if more > 0 else "")
 
 
 def _storage_index(ex: Any, group: Any, index: tuple[int, ...]) -> int:
