@@ -413,7 +413,8 @@ def test_causal_mask_aligned_at_the_wrong_corner_is_caught_with_independent_leng
 
     drawn = hypothesis.find(
         arguments_for(inspect.signature(attention_ref), reference=attention_ref),
-        lambda a: a.args[0].dim() >= 2 and 1 <= a.args[0].shape[-2] < a.args[1].shape[-2],
+        lambda a: a.args[0].dim() >= 2 and 1 <= a.args[0].shape[-2] < a.args[1].shape[-2]
+        and all(t.numel() for t in a.args),  # empty features: no output for a mask to move
         settings=hypothesis.settings(database=None, max_examples=2000))
     q, k, v = (t.detach() for t in drawn.args)
     with pytest.raises(equiv.OutputMismatch) as found:
