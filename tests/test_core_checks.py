@@ -876,6 +876,85 @@ def test_a_one_sided_derivative_at_a_kink_of_the_reference_passes_with_a_note():
                for n in report.notes), report.notes
 
 
+def test_many_elements_at_a_kink_where_the_two_sides_differ_all_pass():
+    """Six elements exactly at clamp's bound (integer-valued inputs, activations clamped
+    before): the reference's derivative there is 1 from below and 0 from above, hardtanh takes
+    0 at each. Every one is a point where the reference is not differentiable (its one-sided
+    derivatives differ), so all six are accepted, not only the first four."""
+    x = torch.tensor([1.0] * 6 + [0.5, -2.0], requires_grad=True)
+
+    @equivalent_to(lambda x: torch.clamp(x, -1.0, 1.0), mutates={"x": "out"}, examples=[(x,)])
+    def hardtanh_(x):
+        return torch.nn.functional.hardtanh_(x)
+
+    report = equiv.check(hardtanh_, settings=equiv.settings(FAST, max_examples=1),
+                         raise_on_failure=False)
+    assert report.ok, report.render()
+    assert any(" (from above) and 2 more elements the reference is not differentiable" in n
+               for n in report.notes), report.notes
+
+
+def test_more_kinks_than_are_probed_one_by_one_are_probed_together():
+    """relu_ against clamp(min=0) on post-ReLU activations: 40 exact zeros, where relu takes
+    the derivative from below (0) and clamp's autograd the one from above (1). Beyond the
+    first eight, the zeros are probed together: the run passes, and so does 0.5 at each zero
+    (a subgradient between the sides). A backward giving 1.5 at a few zeros (neither side)
+    still fails, and so does a max whose backward gives the whole
+    cotangent to each of 40 ties (each alone is the derivative from above; together they are
+    not: moved up together the ties stay tied)."""
+    x = torch.tensor([0.0] * 40 + [0.5, 1.5], requires_grad=True)
+
+    def run(impl, ref, t=x, **kw):
+        spec = equivalent_to(ref, examples=[(t,)], **kw)(impl)
+        return equiv.check(spec, settings=equiv.settings(FAST, max_examples=1),
+                           raise_on_failure=False)
+
+    report = run(lambda x: x.relu_(), lambda x: torch.clamp(x, min=0), mutates={"x": "out"})
+    assert report.ok, report.render()
+    assert any(" and 36 more elements the reference is not differentiable" in n
+               for n in report.notes), report.notes
+
+    def half_at_zero(x):
+        return torch.relu(x) + 0.5 * (x - x.detach()) * (x.detach() == 0)
+
+    assert run(half_at_zero, lambda x: torch.clamp(x, min=0)).ok
+
+    def past_one_at_some_zeros(x):  # 1.5 at the last four zeros, 0 (from below) elsewhere
+        some = torch.zeros_like(x).index_fill_(0, torch.arange(36, 40), 1.5)
+        return torch.relu(x) + (x - x.detach()) * some
+
+    wrong = run(past_one_at_some_zeros, lambda x: torch.clamp(x, min=0))
+    assert [f.check for f in wrong.roots()] == ["gradients"], wrong.render()
+    def every_tie(x):
+        top = x.detach().amax(0)
+        return top + ((x - x.detach()) * (x.detach() == top)).sum(0)
+
+    maxed = run(every_tie, lambda x: torch.amax(x, 0), t=torch.ones(40, requires_grad=True))
+    assert [f.check for f in maxed.roots()] == ["gradients"], maxed.render()
+
+
+def test_a_reference_whose_autograd_is_wrong_at_many_smooth_points_is_still_a_finding():
+    """``log1p(exp(-|x|)) + relu(-x)`` is smooth at 0, but autograd takes abs's and relu's 0
+    there: at one zero softplus's 0.5 is accepted (the reference's own derivative from either
+    side), at five zeros the finding stands (the probe accepts a few such points, not a
+    reference whose backward disagrees with its derivative everywhere)."""
+    def ref(x):
+        return torch.log1p(torch.exp(-x.abs())) + torch.relu(x)
+
+    def verdict(zeros: int) -> bool:
+        x = torch.tensor([0.0] * zeros + [0.5, -2.0], requires_grad=True)
+
+        @equivalent_to(ref, examples=[(x,)])
+        def softplus(x):
+            return torch.nn.functional.softplus(x)
+
+        return equiv.check(softplus, settings=equiv.settings(FAST, max_examples=1),
+                           raise_on_failure=False).ok
+
+    assert verdict(1)
+    assert not verdict(5)
+
+
 def test_a_gradient_at_a_kink_that_neither_side_gives_says_where_the_kink_is():
     """At x = 1 the reference's derivative is 1 from below and 0 from above; 2 is neither:
     the finding stands, and says that x[1] is where the reference is not differentiable."""

@@ -16,11 +16,15 @@ For the worst mismatched element, the reference's scalar ``sum(value * cotangent
 in float64 with that storage element moved by ``+-h`` and ``+-h/4``. The element is a kink of the
 reference's autograd when a one-sided difference stays away from the autograd value as the
 step shrinks (at a smooth point it closes in as the step does). The implementation's value is
-accepted there when it equals that one-sided difference; the element is then taken out of the
-comparison (set equal on both sides) and the gradient judged again, for up to
-:data:`_ELEMENTS` elements where the reference's autograd has a value (a few isolated kinks,
-not a reference whose backward is wrong everywhere), and up to :data:`_UNDEFINED` in all where
-it is NaN (an expanded constant at ``std``'s kink). Anything else keeps the finding.
+accepted there when it equals that one-sided difference (or lies between the two sides where
+they differ); the element is then taken out of the comparison (set equal on both sides) and
+the gradient judged again. Where the two sides agree (the reference is differentiable, its
+autograd value is not its derivative) up to :data:`_ELEMENTS` elements are accepted (a few
+such points, not a reference whose backward is wrong everywhere); where they differ (a true
+kink) :data:`_PROBED` are probed one at a time and the rest together (:func:`_together`);
+elements where the reference's float64 autograd is NaN (an expanded constant at ``std``'s
+kink) are probed one at a time, up to :data:`_UNDEFINED` in all. Anything else keeps the
+finding.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from equiv._compat import tree_flatten
+from equiv.compare import dtype_tolerance
 from equiv._explain import explaining
 from equiv.errors import user_error
 from equiv.examples import Side
@@ -40,10 +45,12 @@ from equiv.strategies._derived import jumps_at, smooth_at
 if TYPE_CHECKING:
     from equiv.execution.record import Execution
 
-_ELEMENTS = 4  # mismatched elements probed per gradient where the reference has a value
-#: ... and in all, counting those where its float64 autograd value is NaN (0 * inf: std of a
-#: constant row); each probe is a few reference calls
+_ELEMENTS = 4  # mismatched elements accepted per gradient where the reference is smooth
+#: elements probed one at a time in all, counting kinks and those where its float64 autograd
+#: value is NaN (0 * inf: std of a constant row); each probe is five reference calls
 _UNDEFINED = 32
+#: kinks probed one at a time before the rest of the mismatched elements are probed together
+_PROBED = 8
 _STEP = 1e-5  # relative to max(1, |value|)
 _CLOSES = 0.5  # at a smooth point the difference shrinks with the step (to ~1/4)
 
@@ -59,31 +66,122 @@ def subgradient_choice(ex: Any, name: str, i: int, actual: torch.Tensor, expecte
         return None
     baseline = (ex.oracle.baseline_grads(n) or [None] * (i + 1))[i]
     values = [t.detach().clone() for t in (expected, oracle, baseline) if t is not None]
-    seen = []
-    defined = 0  # probed elements where the reference's autograd has a value
-    for _ in range(_UNDEFINED):
+    seen: list[str] = []
+    smooth = kinks = 0  # accepted where the reference is differentiable / is not
+    while m is not None and len(seen) < _UNDEFINED and kinks < _PROBED:
         index = getattr(m, "index", None)
         if index is None or len(index) != actual.dim():
             return None
-        defined += not math.isnan(float(oracle[index]))
-        if defined > _ELEMENTS:
+        probed = _one_sided(ex, group, _storage_index(ex, group, index), n,
+                            float(oracle[index]), float(actual.detach()[index]), actual.dtype)
+        if probed is None:
             return None
-        side = _one_sided(ex, group, _storage_index(ex, group, index), n, float(oracle[index]),
-                          float(actual.detach()[index]), actual.dtype)
-        if side is None:
+        side, kink = probed
+        valued = not math.isnan(float(oracle[index]))
+        kinks += kink and valued
+        smooth += not kink and valued
+        if smooth > _ELEMENTS:
             return None
         seen.append(f"{name}[{', '.join(map(str, index))}] ({side})")
-        for v in values:  # the element leaves the comparison: both sides equal there
+        m = _rejudge(ex, name, i, n, actual, values, [index])
+    if m is not None and kinks >= _PROBED and smooth == 0:  # many kinks: the rest together
+        rest = _together(ex, group, i, n, actual, values[0])
+        if rest is None:
+            return None
+        seen += [f"{name}[{', '.join(map(str, index))}] ({side})" for index, side in rest]
+        m = _rejudge(ex, name, i, n, actual, values, [index for index, _ in rest])
+    if m is not None:
+        return None
+    return (f"gradient w.r.t. {name!r}: at {_listed(seen)} the reference is not "
+            "differentiable (or its autograd value there is not its derivative) and "
+            "the implementation returns the reference's own one-sided derivative; "
+            "accepted there, the rest compared")
+
+
+def _rejudge(ex: Any, name: str, i: int, n: int, actual: torch.Tensor,
+             values: list[torch.Tensor], indices: list[tuple[int, ...]]) -> Any:
+    """The gradient judged again with ``indices`` out of the comparison (the expected, oracle
+    and baseline values set to the implementation's there): its mismatch, or None."""
+    for index in indices:
+        for v in values:
             v[index] = actual.detach()[index].to(v.dtype)
-        e, o, b = values[0], values[1], values[2] if len(values) > 2 else None
-        m = ex.oracle.judge(name, actual, e, kind="gradients", group=group, cotangent=n,
-                            oracle=o, baseline=b, rounding=lambda: ex.oracle.gradient_spread(n, i))
-        if m is None:
-            return (f"gradient w.r.t. {name!r}: at {_listed(seen)} the reference is not "
-                    "differentiable (or its autograd value there is not its derivative) and "
-                    "the implementation returns the reference's own one-sided derivative; "
-                    "accepted there, the rest compared")
-    return None
+    e, o, b = values[0], values[1], values[2] if len(values) > 2 else None
+    group = ex.pairing().groups[i]
+    return ex.oracle.judge(name, actual, e, kind="gradients", group=group, cotangent=n,
+                           oracle=o, baseline=b, rounding=lambda: ex.oracle.gradient_spread(n, i))
+
+
+def _together(ex: Any, group: Any, i: int, n: int, actual: torch.Tensor,
+              expected: torch.Tensor) -> list[tuple[tuple[int, ...], str]] | None:
+    """Every element where ``actual`` and ``expected`` still differ, probed at once: the
+    reference's float64 autograd with all of them moved a little up (and down) gives each
+    one's derivative from above (below), and the implementation must take one of the two at
+    each, at a kink (they differ); a finite difference of the reference along the chosen sides
+    must then agree with the implementation's values there (a reference whose elements are not
+    independent, such as a max of ties, fails this and keeps the finding). ``(index, side)``
+    per element, or None."""
+    if not group.simple:
+        return None
+    a, e = actual.detach().to(torch.float64), expected.detach().to(torch.float64)
+    rtol, atol = dtype_tolerance(actual.dtype)
+    where = (~torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)).nonzero()
+    if not len(where):
+        return None
+    stride = torch.tensor(ex.template.slots[group.slots[0]].stride, dtype=torch.long)
+    elements = (where * stride).sum(-1)
+    h = _STEP * group.values.reshape(-1)[elements].detach().to(torch.float64).abs().clamp(min=1)
+    picked = a[tuple(where.T)]
+    try:
+        above, below = (_shifted_grads(ex, group, i, n, elements, sign * h / 4)
+                        for sign in (1.0, -1.0))
+        if above is None or below is None:
+            return None
+        above, below = above[tuple(where.T)], below[tuple(where.T)]
+        rel = max(1e-3, 8 * torch.finfo(actual.dtype).eps)
+        slack = rel * (1 + torch.maximum(above.abs(), below.abs()))
+        up, down = (picked - above).abs() <= slack, (picked - below).abs() <= slack
+        between = ((picked >= torch.minimum(above, below) - slack)
+                   & (picked <= torch.maximum(above, below) + slack))
+        if not bool(((above - below).abs() > 10 * slack).all()) or not bool(between.all()):
+            return None  # not a kink everywhere, or a value neither side gives
+        moved = up | down  # a subgradient strictly between the sides has no direction to test
+        sign = torch.where(up, 1.0, -1.0).to(torch.float64) * moved
+        weights = torch.rand(len(h), generator=torch.Generator().manual_seed(1234),
+                             dtype=torch.float64) + 0.5
+        step = sign * weights * h
+        at = _loss(ex, group, elements, n, 0.0) if bool(moved.any()) else 0.0
+        far = _loss(ex, group, elements, n, step) - at if bool(moved.any()) else 0.0
+        near = (_loss(ex, group, elements, n, step / 4) - at) * 4 if bool(moved.any()) else 0.0
+    except _NoClaim:
+        return None
+    except BaseException as err:  # the reference raised (SystemExit too): no claim
+        if not user_error(err):
+            raise
+        return None
+    predicted = float((step * picked).sum())
+    scale = float((step.abs() * (1 + picked.abs())).sum())
+    if abs(predicted - near) > 2 * abs(far - near) + rel * scale:
+        return None
+    side = {(True, False): "from above", (False, True): "from below"}
+    return [(tuple(int(k) for k in index),
+             side.get((bool(u), bool(d)), "between the one-sided derivatives"))
+            for index, u, d in zip(where, up, down)]
+
+
+def _shifted_grads(ex: Any, group: Any, i: int, n: int, elements: torch.Tensor,
+                   shift: torch.Tensor) -> torch.Tensor | None:
+    """The reference's float64 gradient ``i`` for cotangent ``n`` with the storage
+    ``elements`` of ``group`` moved by ``shift``, or None."""
+    device = ex.place.ref_device or ex.place.device
+    side = ex.template.instantiate(device=device, dtype=torch.float64)
+    side.storage(group)[elements.to(device)] += shift.to(device)
+    run = reference_run(ex.spec, ex.ref_fn, side)
+    if run.exc is not None:
+        raise run.exc
+    if run.why is not None:
+        raise _NoClaim(run.why)
+    grads = ex.oracle.grads_of(run, n)
+    return None if grads is None else grads[i].detach().to("cpu", torch.float64)
 
 
 def _listed(elements: list[str], shown: int = 4) -> str:
@@ -102,12 +200,14 @@ def _storage_index(ex: Any, group: Any, index: tuple[int, ...]) -> int:
 
 
 def _one_sided(ex: Any, group: Any, element: int, n: int, auto: float, impl: float,
-               dtype: torch.dtype) -> str | None:
+               dtype: torch.dtype) -> tuple[str, bool] | None:
     """Which of the reference's derivatives along ``element`` the implementation's ``impl``
     takes where the reference's autograd value ``auto`` is not its derivative: ``"from
     above"``/``"from below"`` (a one-sided difference away from ``auto`` as the step shrinks),
     or ``"between the one-sided derivatives"`` at a kink (the two sides differ; any value
-    between them is a subgradient: ``abs`` at 0 takes 0); else None."""
+    between them is a subgradient: ``abs`` at 0 takes 0); with whether the element is a kink
+    (the two one-sided derivatives differ: the reference is not differentiable there). Else
+    None."""
     try:
         at = _loss(ex, group, element, n, 0.0)
         value = float(group.values.reshape(-1)[element])
@@ -117,34 +217,46 @@ def _one_sided(ex: Any, group: Any, element: int, n: int, auto: float, impl: flo
             far = (_loss(ex, group, element, n, sign * h) - at) / (sign * h)
             near = (_loss(ex, group, element, n, sign * h / 4) - at) / (sign * h / 4)
             sides[label] = (far, near)
-            if _kink(far, near, auto) and _matches(impl, near, far, dtype):
-                return label
     except _NoClaim:
         return None
     except BaseException as e:  # the reference raised (SystemExit too): no claim
         if not user_error(e):
             raise
         return None
-    return "between the one-sided derivatives" if _between(impl, *sides.values(), dtype) \
-        else None
+    kink = _apart(*sides.values(), dtype)
+    for label, (far, near) in sides.items():
+        if _kink(far, near, auto) and _matches(impl, near, far, dtype):
+            return label, kink
+    return ("between the one-sided derivatives", True) if kink and _between(
+        impl, *sides.values(), dtype) else None
+
+
+def _apart(above: tuple[float, float], below: tuple[float, float], dtype: torch.dtype) -> bool:
+    """The two one-sided derivatives differ beyond both estimates' errors (a kink)."""
+    return _slack(above, below, dtype) is not None
+
+
+def _slack(above: tuple[float, float], below: tuple[float, float],
+           dtype: torch.dtype) -> float | None:
+    """The error of the one-sided estimates where the two sides differ beyond ten times it;
+    else None (no kink seen)."""
+    (fa, na), (fb, nb) = above, below
+    if not all(math.isfinite(v) for v in (fa, na, fb, nb)):
+        return None
+    error = 2 * (abs(fa - na) + abs(fb - nb))
+    slack = error + max(1e-3, 8 * torch.finfo(dtype).eps) * (1 + max(abs(na), abs(nb)))
+    return slack if abs(na - nb) > 10 * slack else None
 
 
 def _between(impl: float, above: tuple[float, float], below: tuple[float, float],
              dtype: torch.dtype) -> bool:
     """``impl`` lies between the two one-sided derivatives, which differ beyond both
     estimates' errors (a kink)."""
-    (fa, na), (fb, nb) = above, below
-    if not all(math.isfinite(v) for v in (fa, na, fb, nb, impl)):
+    slack = _slack(above, below, dtype)
+    if slack is None or not math.isfinite(impl):
         return False
-    error = 2 * (abs(fa - na) + abs(fb - nb))
-    slack = error + max(1e-3, 8 * torch.finfo(dtype).eps) * (1 + max(abs(na), abs(nb)))
-    if abs(na - nb) <= 10 * slack:
-        return False
+    (_, na), (_, nb) = above, below
     return min(na, nb) - slack <= impl <= max(na, nb) + slack
-
-
-class _NoClaim(Exception):
-    """The reference's values could not be taken apart on a probed example."""
 
 
 def _kink(far: float, near: float, auto: float) -> bool:
@@ -164,12 +276,16 @@ def _matches(impl: float, near: float, far: float, dtype: torch.dtype) -> bool:
     return abs(impl - near) <= 2 * abs(far - near) + rel * (1 + abs(near))
 
 
-def _loss(ex: Any, group: Any, element: int, n: int, step: float) -> float:
+def _loss(ex: Any, group: Any, element: int | torch.Tensor, n: int,
+          step: float | torch.Tensor) -> float:
     """``sum(value * cotangent n)`` over the differentiated values of the reference, in float64,
-    with storage ``element`` of ``group`` moved by ``step``."""
+    with storage ``element`` of ``group`` moved by ``step`` (or several elements, each by its
+    own step)."""
     device = ex.place.ref_device or ex.place.device
     side = ex.template.instantiate(grad=False, device=device, dtype=torch.float64)
-    if step:
+    if isinstance(step, torch.Tensor):  # several elements, each moved by its own step
+        side.storage(group)[element.to(device)] += step.to(device)
+    elif step:
         side.storage(group)[element] += step
     run = reference_run(ex.spec, ex.ref_fn, side)
     if run.exc is not None:

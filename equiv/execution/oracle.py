@@ -89,7 +89,9 @@ class Oracle:
         run = self.baseline()
         return None if run is None else run.values.get(name)
 
-    def _grads_of(self, run: RefRun | None, n: int) -> list[torch.Tensor] | None:
+    def grads_of(self, run: RefRun | None, n: int) -> list[torch.Tensor] | None:
+        """The VJP for cotangent ``n`` of a reference run ``run`` (one per pairing group), or
+        None when it cannot be taken."""
         ex = self.ex
         if run is None or run.side is None or not run.values:
             return None
@@ -109,7 +111,7 @@ class Oracle:
         ex = self.ex
         key = f"oracle-grads-{n}"
         if key not in ex.cache:
-            ex.cache[key] = self._grads_of(self.run(), n)
+            ex.cache[key] = self.grads_of(self.run(), n)
         return ex.cache[key]
 
     def baseline_grads(self, n: int) -> list[torch.Tensor] | None:
@@ -118,7 +120,7 @@ class Oracle:
         ex = self.ex
         key = f"baseline-grads-{n}"
         if key not in ex.cache:
-            ex.cache[key] = self._grads_of(self.baseline(), n)
+            ex.cache[key] = self.grads_of(self.baseline(), n)
         return ex.cache[key]
 
     def state(self, j: int) -> torch.Tensor | None:
@@ -303,7 +305,7 @@ class Oracle:
             def again() -> dict[str, Any] | None:
                 rerun = reference_run(ex.spec, ex.ref_fn,
                                       ex.template.instantiate(device=device, dtype=dtype))
-                grads = None if rerun.why is not None else self._grads_of(rerun, n)
+                grads = None if rerun.why is not None else self.grads_of(rerun, n)
                 return None if grads is None else {str(j): g for j, g in enumerate(grads)}
 
             ex.cache[key] = {} if oracle is None or dtype != torch.float64 else \
