@@ -925,6 +925,17 @@ def test_more_kinks_than_are_probed_one_by_one_are_probed_together():
 
     wrong = run(past_one_at_some_zeros, lambda x: torch.clamp(x, min=0))
     assert [f.check for f in wrong.roots()] == ["gradients"], wrong.render()
+    bounds = torch.tensor([[0.0] * 8] * 3 + [[0.0] * 7 + [1.0], [1.0] * 8], requires_grad=True)
+    clamped = run(lambda x: torch.nn.functional.hardtanh(x), lambda x: torch.clamp(x, -1, 1),
+                  t=bounds, variants=False)  # 9 at the bound, some with a tiny cotangent
+    assert clamped.ok, clamped.render()
+    expanded = torch.zeros(1, 40).expand(3, 40).requires_grad_()  # 40 stored zeros, 3 views
+    shared = run(lambda x: torch.relu(x), lambda x: torch.clamp(x, min=0), t=expanded,
+                 variants=False)
+    assert shared.ok, shared.render()
+    assert any("x[39] (from below)" in n or " more elements the reference" in n
+               for n in shared.notes), shared.notes
+
     def every_tie(x):
         top = x.detach().amax(0)
         return top + ((x - x.detach()) * (x.detach() == top)).sum(0)

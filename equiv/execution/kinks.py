@@ -120,15 +120,16 @@ def _together(ex: Any, group: Any, i: int, n: int, actual: torch.Tensor,
     must then agree with the implementation's values there (a reference whose elements are not
     independent, such as a max of ties, fails this and keeps the finding). ``(index, side)``
     per element, or None."""
-    if not group.simple:
-        return None
     a, e = actual.detach().to(torch.float64), expected.detach().to(torch.float64)
     rtol, atol = dtype_tolerance(actual.dtype)
     where = (~torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)).nonzero()
     if not len(where):
         return None
-    stride = torch.tensor(ex.template.slots[group.slots[0]].stride, dtype=torch.long)
-    elements = (where * stride).sum(-1)
+    if group.simple:  # the gradient has the argument's strides; else it is the flat storage
+        stride = torch.tensor(ex.template.slots[group.slots[0]].stride, dtype=torch.long)
+        elements = (where * stride).sum(-1)
+    else:
+        elements = where[:, 0]
     h = _STEP * group.values.reshape(-1)[elements].detach().to(torch.float64).abs().clamp(min=1)
     picked = a[tuple(where.T)]
     try:
@@ -142,7 +143,9 @@ def _together(ex: Any, group: Any, i: int, n: int, actual: torch.Tensor,
         up, down = (picked - above).abs() <= slack, (picked - below).abs() <= slack
         between = ((picked >= torch.minimum(above, below) - slack)
                    & (picked <= torch.maximum(above, below) + slack))
-        if not bool(((above - below).abs() > 10 * slack).all()) or not bool(between.all()):
+        gap = (above - below).abs()  # at a smooth point only the curvature over h/2
+        apart = (gap > 10 * rel * torch.maximum(above.abs(), below.abs())) & (gap > 1e-12)
+        if not bool(apart.all()) or not bool(between.all()):
             return None  # not a kink everywhere, or a value neither side gives
         moved = up | down  # a subgradient strictly between the sides has no direction to test
         sign = torch.where(up, 1.0, -1.0).to(torch.float64) * moved
