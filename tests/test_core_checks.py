@@ -944,6 +944,29 @@ def test_more_kinks_than_are_probed_one_by_one_are_probed_together():
     assert [f.check for f in maxed.roots()] == ["gradients"], maxed.render()
 
 
+def test_a_reference_whose_float64_gradient_is_nan_at_every_element_of_a_small_example():
+    """``1 / (1 + exp(-x))`` at x = -1000: exp overflows in float64 too, so the reference's
+    gradient is NaN (inf / inf) at all 40 elements while its value is 0 on both sides of
+    each. ``torch.sigmoid``'s 0 is the derivative: every element of a small example is
+    probed, and the run passes. A backward giving 1 there still fails."""
+    x = torch.full((40,), -1000.0, requires_grad=True)
+
+    def ref(x):
+        return 1 / (1 + torch.exp(-x))
+
+    def check(impl):
+        spec = equivalent_to(ref, examples=[(x,)], variants=False)(impl)
+        return equiv.check(spec, settings=equiv.settings(FAST, max_examples=1),
+                           raise_on_failure=False)
+
+    report = check(lambda x: torch.sigmoid(x))
+    assert report.ok, report.render()
+    assert any(" and 36 more elements the reference is not differentiable" in n
+               for n in report.notes), report.notes
+    wrong = check(lambda x: torch.sigmoid(x) + (x - x.detach()))
+    assert [f.check for f in wrong.roots()] == ["gradients"], wrong.render()
+
+
 def test_a_reference_whose_autograd_is_wrong_at_many_smooth_points_is_still_a_finding():
     """``log1p(exp(-|x|)) + relu(-x)`` is smooth at 0, but autograd takes abs's and relu's 0
     there: at one zero softplus's 0.5 is accepted (the reference's own derivative from either

@@ -23,7 +23,8 @@ autograd value is not its derivative) up to :data:`_ELEMENTS` elements are accep
 such points, not a reference whose backward is wrong everywhere); where they differ (a true
 kink) :data:`_PROBED` are probed one at a time and the rest together (:func:`_together`);
 elements where the reference's float64 autograd is NaN (an expanded constant at ``std``'s
-kink) are probed one at a time, up to :data:`_UNDEFINED` in all. Anything else keeps the
+kink; the reference overflowing in float64 too) are probed one at a time, up to
+:data:`_UNDEFINED` in all (more in a small gradient: :data:`_BUDGET`). Anything else keeps the
 finding.
 """
 
@@ -49,6 +50,9 @@ _ELEMENTS = 4  # mismatched elements accepted per gradient where the reference i
 #: elements probed one at a time in all, counting kinks and those where its float64 autograd
 #: value is NaN (0 * inf: std of a constant row); each probe is five reference calls
 _UNDEFINED = 32
+#: ... or more where the gradient is small: up to this many elements times its size (each probe
+#: runs the reference on the whole example)
+_BUDGET = 2 ** 16
 #: kinks probed one at a time before the rest of the mismatched elements are probed together
 _PROBED = 8
 _STEP = 1e-5  # relative to max(1, |value|)
@@ -68,7 +72,8 @@ def subgradient_choice(ex: Any, name: str, i: int, actual: torch.Tensor, expecte
     values = [t.detach().clone() for t in (expected, oracle, baseline) if t is not None]
     seen: list[str] = []
     smooth = kinks = 0  # accepted where the reference is differentiable / is not
-    while m is not None and len(seen) < _UNDEFINED and kinks < _PROBED:
+    most = max(_UNDEFINED, _BUDGET // max(actual.numel(), 1))
+    while m is not None and len(seen) < most and kinks < _PROBED:
         index = getattr(m, "index", None)
         if index is None or len(index) != actual.dim():
             return None
