@@ -967,6 +967,41 @@ def test_a_reference_whose_float64_gradient_is_nan_at_every_element_of_a_small_e
     assert [f.check for f in wrong.roots()] == ["gradients"], wrong.render()
 
 
+class _EveryTie(torch.autograd.Function):
+    """A row max whose backward gives the whole cotangent to every tie (the classic max-pool
+    backward bug: ``(x == out) * grad``)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = x.amax(-1)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out = ctx.saved_tensors
+        return (x == out[..., None]) * g[..., None]
+
+
+TIES = [(torch.tensor([[1.0, 1.0, 0.5], [2.0, -1.0, 2.0]], requires_grad=True),)]
+
+
+def test_a_max_backward_counting_every_tie_fails_where_one_tie_passes():
+    """At a tie each element alone has the derivative from above (moving it up makes it the
+    max), so the one-by-one probe accepted the whole cotangent at every tie; together the
+    ties move as one max, and the gradient sums to twice the cotangent: a finding. Routing it
+    to one tie (torch.max) or splitting it evenly (amax) passes."""
+    def check(impl):
+        spec = equivalent_to(lambda x: torch.amax(x, -1), examples=TIES, variants=False)(impl)
+        return equiv.check(spec, settings=equiv.settings(FAST, max_examples=1),
+                           raise_on_failure=False)
+
+    wrong = check(lambda x: _EveryTie.apply(x))
+    assert [f.check for f in wrong.roots()] == ["gradients"], wrong.render()
+    assert check(lambda x: torch.max(x, -1).values).ok
+    assert check(lambda x: torch.amax(x, -1)).ok
+
+
 def test_a_reference_whose_autograd_is_wrong_at_many_smooth_points_is_still_a_finding():
     """``log1p(exp(-|x|)) + relu(-x)`` is smooth at 0, but autograd takes abs's and relu's 0
     there: at one zero softplus's 0.5 is accepted (the reference's own derivative from either

@@ -71,14 +71,15 @@ def subgradient_choice(ex: Any, name: str, i: int, actual: torch.Tensor, expecte
     baseline = (ex.oracle.baseline_grads(n) or [None] * (i + 1))[i]
     values = [t.detach().clone() for t in (expected, oracle, baseline) if t is not None]
     seen: list[str] = []
+    moved: list[tuple[int, float, float]] = []  # (storage element, side, implementation's)
     smooth = kinks = 0  # accepted where the reference is differentiable / is not
     most = max(_UNDEFINED, _BUDGET // max(actual.numel(), 1))
     while m is not None and len(seen) < most and kinks < _PROBED:
         index = getattr(m, "index", None)
         if index is None or len(index) != actual.dim():
             return None
-        probed = _one_sided(ex, group, _storage_index(ex, group, index), n,
-                            float(oracle[index]), float(actual.detach()[index]), actual.dtype)
+        element, value = _storage_index(ex, group, index), float(actual.detach()[index])
+        probed = _one_sided(ex, group, element, n, float(oracle[index]), value, actual.dtype)
         if probed is None:
             return None
         side, kink = probed
@@ -87,20 +88,60 @@ def subgradient_choice(ex: Any, name: str, i: int, actual: torch.Tensor, expecte
         smooth += not kink and valued
         if smooth > _ELEMENTS:
             return None
+        if valued and side in _SIGN:
+            moved.append((element, _SIGN[side], value))
         seen.append(f"{name}[{', '.join(map(str, index))}] ({side})")
         m = _rejudge(ex, name, i, n, actual, values, [index])
     if m is not None and kinks >= _PROBED and smooth == 0:  # many kinks: the rest together
         rest = _together(ex, group, i, n, actual, values[0])
         if rest is None:
             return None
-        seen += [f"{name}[{', '.join(map(str, index))}] ({side})" for index, side in rest]
-        m = _rejudge(ex, name, i, n, actual, values, [index for index, _ in rest])
-    if m is not None:
+        seen += [f"{name}[{', '.join(map(str, index))}] ({side})" for index, side, _ in rest]
+        moved += [(element, _SIGN[side], float(actual.detach()[index]))
+                  for index, side, element in rest if side in _SIGN]
+        m = _rejudge(ex, name, i, n, actual, values, [index for index, _, _ in rest])
+    if m is not None or not _jointly(ex, group, n, moved, actual.dtype):
         return None
     return (f"gradient w.r.t. {name!r}: at {_listed(seen)} the reference is not "
             "differentiable (or its autograd value there is not its derivative) and "
             "the implementation returns the reference's own one-sided derivative; "
             "accepted there, the rest compared")
+
+
+#: the direction a one-sided derivative is taken in
+_SIGN = {"from above": 1.0, "from below": -1.0}
+
+
+def _jointly(ex: Any, group: Any, n: int, moved: list[tuple[int, float, float]],
+             dtype: torch.dtype) -> bool:
+    """The implementation's values at the elements accepted one-sidedly, taken together, are
+    the reference's derivative along those sides: a finite difference of the reference with
+    all of them moved at once (each by its own random share of the step, toward its side)
+    agrees with them. Each alone can be a one-sided derivative while together they are not:
+    a backward giving the whole cotangent to each of several ties of a max."""
+    if len(moved) < 2:
+        return True
+    elements = torch.tensor([e for e, _, _ in moved])
+    picked = torch.tensor([v for _, _, v in moved], dtype=torch.float64)
+    sign = torch.tensor([s for _, s, _ in moved], dtype=torch.float64)
+    h = _STEP * group.values.reshape(-1)[elements].detach().to(torch.float64).abs().clamp(min=1)
+    weights = torch.rand(len(moved), generator=torch.Generator().manual_seed(1234),
+                         dtype=torch.float64) + 0.5
+    step = sign * weights * h
+    try:
+        at = _loss(ex, group, elements, n, 0.0)
+        far = _loss(ex, group, elements, n, step) - at
+        near = (_loss(ex, group, elements, n, step / 4) - at) * 4
+    except _NoClaim:
+        return False
+    except BaseException as err:  # the reference raised (SystemExit too): no claim
+        if not user_error(err):
+            raise
+        return False
+    rel = max(1e-3, 8 * torch.finfo(dtype).eps)
+    predicted = float((step * picked).sum())
+    scale = float((step.abs() * (1 + picked.abs())).sum())
+    return abs(predicted - near) <= 2 * abs(far - near) + rel * scale
 
 
 def _rejudge(ex: Any, name: str, i: int, n: int, actual: torch.Tensor,
@@ -116,15 +157,13 @@ def _rejudge(ex: Any, name: str, i: int, n: int, actual: torch.Tensor,
                            oracle=o, baseline=b, rounding=lambda: ex.oracle.gradient_spread(n, i))
 
 
-def _together(ex: Any, group: Any, i: int, n: int, actual: torch.Tensor,
-              expected: torch.Tensor) -> list[tuple[tuple[int, ...], str]] | None:
+def _together(ex: Any, group: Any, i: int, n: int, actual: torch.Tensor, expected: torch.Tensor
+              ) -> list[tuple[tuple[int, ...], str, int]] | None:
     """Every element where ``actual`` and ``expected`` still differ, probed at once: the
     reference's float64 autograd with all of them moved a little up (and down) gives each
-    one's derivative from above (below), and the implementation must take one of the two at
-    each, at a kink (they differ); a finite difference of the reference along the chosen sides
-    must then agree with the implementation's values there (a reference whose elements are not
-    independent, such as a max of ties, fails this and keeps the finding). ``(index, side)``
-    per element, or None."""
+    one's derivative from above (below); the implementation must take one of the two, or a
+    value between them, at each, at a kink (they differ). ``(index, side, storage element)``
+    per element, or None. (:func:`_jointly` then tests the chosen sides together.)"""
     a, e = actual.detach().to(torch.float64), expected.detach().to(torch.float64)
     rtol, atol = dtype_tolerance(actual.dtype)
     where = (~torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)).nonzero()
@@ -140,40 +179,29 @@ def _together(ex: Any, group: Any, i: int, n: int, actual: torch.Tensor,
     try:
         above, below = (_shifted_grads(ex, group, i, n, elements, sign * h / 4)
                         for sign in (1.0, -1.0))
-        if above is None or below is None:
-            return None
-        above, below = above[tuple(where.T)], below[tuple(where.T)]
-        rel = max(1e-3, 8 * torch.finfo(actual.dtype).eps)
-        slack = rel * (1 + torch.maximum(above.abs(), below.abs()))
-        up, down = (picked - above).abs() <= slack, (picked - below).abs() <= slack
-        between = ((picked >= torch.minimum(above, below) - slack)
-                   & (picked <= torch.maximum(above, below) + slack))
-        gap = (above - below).abs()  # at a smooth point only the curvature over h/2
-        apart = (gap > 10 * rel * torch.maximum(above.abs(), below.abs())) & (gap > 1e-12)
-        if not bool(apart.all()) or not bool(between.all()):
-            return None  # not a kink everywhere, or a value neither side gives
-        moved = up | down  # a subgradient strictly between the sides has no direction to test
-        sign = torch.where(up, 1.0, -1.0).to(torch.float64) * moved
-        weights = torch.rand(len(h), generator=torch.Generator().manual_seed(1234),
-                             dtype=torch.float64) + 0.5
-        step = sign * weights * h
-        at = _loss(ex, group, elements, n, 0.0) if bool(moved.any()) else 0.0
-        far = _loss(ex, group, elements, n, step) - at if bool(moved.any()) else 0.0
-        near = (_loss(ex, group, elements, n, step / 4) - at) * 4 if bool(moved.any()) else 0.0
     except _NoClaim:
         return None
     except BaseException as err:  # the reference raised (SystemExit too): no claim
         if not user_error(err):
             raise
         return None
-    predicted = float((step * picked).sum())
-    scale = float((step.abs() * (1 + picked.abs())).sum())
-    if abs(predicted - near) > 2 * abs(far - near) + rel * scale:
+    if above is None or below is None:
         return None
+    above, below = above[tuple(where.T)], below[tuple(where.T)]
+    rel = max(1e-3, 8 * torch.finfo(actual.dtype).eps)
+    largest = torch.maximum(above.abs(), below.abs())
+    slack = rel * (1 + largest)
+    up, down = (picked - above).abs() <= slack, (picked - below).abs() <= slack
+    between = ((picked >= torch.minimum(above, below) - slack)
+               & (picked <= torch.maximum(above, below) + slack))
+    gap = (above - below).abs()  # at a smooth point only the curvature over h/2
+    apart = (gap > 10 * rel * largest) & (gap > 1e-12)
+    if not bool(apart.all()) or not bool(between.all()):
+        return None  # not a kink everywhere, or a value neither side gives
     side = {(True, False): "from above", (False, True): "from below"}
     return [(tuple(int(k) for k in index),
-             side.get((bool(u), bool(d)), "between the one-sided derivatives"))
-            for index, u, d in zip(where, up, down)]
+             side.get((bool(u), bool(d)), "between the one-sided derivatives"), int(element))
+            for index, u, d, element in zip(where, up, down, elements)]
 
 
 def _shifted_grads(ex: Any, group: Any, i: int, n: int, elements: torch.Tensor,
