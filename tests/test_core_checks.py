@@ -894,22 +894,50 @@ def test_many_elements_at_a_kink_where_the_two_sides_differ_all_pass():
                for n in report.notes), report.notes
 
 
-def test_more_kinks_than_are_probed_one_by_one_are_probed_together():
-    """relu_ against clamp(min=0) on post-ReLU activations: 40 exact zeros, where relu takes
-    the derivative from below (0) and clamp's autograd the one from above (1). Beyond the
-    first eight, the zeros are probed together: the run passes, and so does 0.5 at each zero
-    (a subgradient between the sides). A backward giving 1.5 at a few zeros (neither side)
-    still fails, and so does a max whose backward gives the whole
-    cotangent to each of 40 ties (each alone is the derivative from above; together they are
-    not: moved up together the ties stay tied)."""
-    x = torch.tensor([0.0] * 40 + [0.5, 1.5], requires_grad=True)
+def _zeros_among(n: int, zeros: int = 40) -> torch.Tensor:
+    """``zeros`` exact zeros, then ``n - zeros`` values well above 0."""
+    return torch.cat([torch.zeros(zeros), 0.5 + torch.arange(n - zeros) / n])
 
-    def run(impl, ref, t=x, **kw):
+
+def test_kinks_of_a_small_gradient_are_each_probed():
+    """relu_ against clamp(min=0) on post-ReLU activations: 40 exact zeros, where relu takes
+    the derivative from below (0) and clamp's autograd the one from above (1); hardtanh
+    against clamp at its bound. A small gradient's kinks are each probed: the runs pass."""
+    def run(impl, ref, t, **kw):
         spec = equivalent_to(ref, examples=[(t,)], **kw)(impl)
         return equiv.check(spec, settings=equiv.settings(FAST, max_examples=1),
                            raise_on_failure=False)
 
-    report = run(lambda x: x.relu_(), lambda x: torch.clamp(x, min=0), mutates={"x": "out"})
+    x = _zeros_among(42).requires_grad_()
+    report = run(lambda x: x.relu_(), lambda x: torch.clamp(x, min=0), x, mutates={"x": "out"})
+    assert report.ok, report.render()
+    assert any(" and 36 more elements the reference is not differentiable" in n
+               for n in report.notes), report.notes
+    bounds = torch.tensor([[0.0] * 8] * 3 + [[0.0] * 7 + [1.0], [1.0] * 8], requires_grad=True)
+    clamped = run(lambda x: torch.nn.functional.hardtanh(x), lambda x: torch.clamp(x, -1, 1),
+                  bounds, variants=False)
+    assert clamped.ok, clamped.render()
+
+
+def test_more_kinks_than_are_probed_one_by_one_are_probed_together():
+    """40 exact zeros among 10000 elements (too many to probe each: each probe runs the
+    reference on all of them): beyond the first eight the zeros are probed together, and
+    relu against clamp(min=0) passes, as does 0.5 at each zero (a subgradient between the
+    sides), and on an expanded argument (its 40 stored zeros). A backward giving 1.5 at a few
+    zeros (neither side) still fails, and so does a max whose backward gives the whole
+    cotangent to each of 40 ties (each alone is the derivative from above; together they are
+    not)."""
+    def run(impl, ref, t):
+        spec = equivalent_to(ref, examples=[(t,)], variants=False)(impl)
+        return equiv.check(spec, settings=equiv.settings(FAST, max_examples=1,
+                                                         checks=("forward", "gradients")),
+                           raise_on_failure=False)
+
+    def clamp(x):
+        return torch.clamp(x, min=0)
+
+    x = _zeros_among(10_000).requires_grad_()
+    report = run(lambda x: torch.relu(x), clamp, x)
     assert report.ok, report.render()
     assert any(" and 36 more elements the reference is not differentiable" in n
                for n in report.notes), report.notes
@@ -917,30 +945,24 @@ def test_more_kinks_than_are_probed_one_by_one_are_probed_together():
     def half_at_zero(x):
         return torch.relu(x) + 0.5 * (x - x.detach()) * (x.detach() == 0)
 
-    assert run(half_at_zero, lambda x: torch.clamp(x, min=0)).ok
+    assert run(half_at_zero, clamp, x).ok
 
-    def past_one_at_some_zeros(x):  # 1.5 at the last four zeros, 0 (from below) elsewhere
+    def past_one_at_some_zeros(x):  # 1.5 at four zeros, 0 (from below) at the others
         some = torch.zeros_like(x).index_fill_(0, torch.arange(36, 40), 1.5)
         return torch.relu(x) + (x - x.detach()) * some
 
-    wrong = run(past_one_at_some_zeros, lambda x: torch.clamp(x, min=0))
+    wrong = run(past_one_at_some_zeros, clamp, x)
     assert [f.check for f in wrong.roots()] == ["gradients"], wrong.render()
-    bounds = torch.tensor([[0.0] * 8] * 3 + [[0.0] * 7 + [1.0], [1.0] * 8], requires_grad=True)
-    clamped = run(lambda x: torch.nn.functional.hardtanh(x), lambda x: torch.clamp(x, -1, 1),
-                  t=bounds, variants=False)  # 9 at the bound, some with a tiny cotangent
-    assert clamped.ok, clamped.render()
-    expanded = torch.zeros(1, 40).expand(3, 40).requires_grad_()  # 40 stored zeros, 3 views
-    shared = run(lambda x: torch.relu(x), lambda x: torch.clamp(x, min=0), t=expanded,
-                 variants=False)
+    expanded = _zeros_among(10_000)[None].expand(3, -1).requires_grad_()  # stored once
+    shared = run(lambda x: torch.relu(x), clamp, expanded)
     assert shared.ok, shared.render()
-    assert any("x[39] (from below)" in n or " more elements the reference" in n
-               for n in shared.notes), shared.notes
 
     def every_tie(x):
         top = x.detach().amax(0)
         return top + ((x - x.detach()) * (x.detach() == top)).sum(0)
 
-    maxed = run(every_tie, lambda x: torch.amax(x, 0), t=torch.ones(40, requires_grad=True))
+    ties = torch.cat([torch.ones(40), torch.zeros(9960)]).requires_grad_()
+    maxed = run(every_tie, lambda x: torch.amax(x, 0), ties)
     assert [f.check for f in maxed.roots()] == ["gradients"], maxed.render()
 
 

@@ -21,7 +21,9 @@ they differ); the element is then taken out of the comparison (set equal on both
 the gradient judged again. Where the two sides agree (the reference is differentiable, its
 autograd value is not its derivative) up to :data:`_ELEMENTS` elements are accepted (a few
 such points, not a reference whose backward is wrong everywhere); where they differ (a true
-kink) :data:`_PROBED` are probed one at a time and the rest together (:func:`_together`);
+kink) :data:`_PROBED` are probed one at a time (all of them in a small gradient:
+:data:`_BUDGET`) and the rest together (:func:`_together`: ties of a ``max`` moved together
+stay tied, so there they keep the finding);
 elements where the reference's float64 autograd is NaN (an expanded constant at ``std``'s
 kink; the reference overflowing in float64 too) are probed one at a time, up to
 :data:`_UNDEFINED` in all (more in a small gradient: :data:`_BUDGET`). Anything else keeps the
@@ -50,8 +52,8 @@ _ELEMENTS = 4  # mismatched elements accepted per gradient where the reference i
 #: elements probed one at a time in all, counting kinks and those where its float64 autograd
 #: value is NaN (0 * inf: std of a constant row); each probe is five reference calls
 _UNDEFINED = 32
-#: ... or more where the gradient is small: up to this many elements times its size (each probe
-#: runs the reference on the whole example)
+#: ... and, for kinks too, more where the gradient is small: up to this many elements times its
+#: size (each probe runs the reference on the whole example)
 _BUDGET = 2 ** 16
 #: kinks probed one at a time before the rest of the mismatched elements are probed together
 _PROBED = 8
@@ -73,8 +75,9 @@ def subgradient_choice(ex: Any, name: str, i: int, actual: torch.Tensor, expecte
     seen: list[str] = []
     moved: list[tuple[int, float, float]] = []  # (storage element, side, implementation's)
     smooth = kinks = 0  # accepted where the reference is differentiable / is not
-    most = max(_UNDEFINED, _BUDGET // max(actual.numel(), 1))
-    while m is not None and len(seen) < most and kinks < _PROBED:
+    small = _BUDGET // max(actual.numel(), 1)  # a small gradient is probed element by element
+    most, alone = max(_UNDEFINED, small), max(_PROBED, small)
+    while m is not None and len(seen) < most and kinks < alone:
         index = getattr(m, "index", None)
         if index is None or len(index) != actual.dim():
             return None
@@ -92,7 +95,7 @@ def subgradient_choice(ex: Any, name: str, i: int, actual: torch.Tensor, expecte
             moved.append((element, _SIGN[side], value))
         seen.append(f"{name}[{', '.join(map(str, index))}] ({side})")
         m = _rejudge(ex, name, i, n, actual, values, [index])
-    if m is not None and kinks >= _PROBED and smooth == 0:  # many kinks: the rest together
+    if m is not None and kinks >= alone and smooth == 0:  # many kinks: the rest together
         rest = _together(ex, group, i, n, actual, values[0])
         if rest is None:
             return None
