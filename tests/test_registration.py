@@ -106,8 +106,18 @@ def test_a_reference_result_that_does_not_fit_mutates_is_reported():
     def update_(m, v):
         m.mul_(2)
 
-    with pytest.raises(equiv.InvalidArgument, match=r"says the final value of 'v' is at \[2\]"):
+    with pytest.raises(equiv.InvalidArgument, match=r"says the final value of 'v' is at \[2\] "
+                       r".* returned a tuple of 2: index 2 is out of range"):
         equiv.check(update_, settings=FAST)
+
+    @equivalent_to(lambda m, v: (m * 2, v), mutates={"m": "output[0]", "v": "output[1]"})
+    def named_(m, v):
+        m.mul_(2)
+        return m, v
+
+    with pytest.raises(equiv.InvalidArgument, match=r"returned a tuple of 2, whose elements are "
+                       r"found by int index: mutates=\{'m': 0, 'v': 1\}"):
+        equiv.check(named_, settings=FAST)
 
     @equivalent_to(lambda m: m.sum(), mutates={"m": "out"})
     def reduce_(m):

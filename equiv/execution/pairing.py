@@ -58,12 +58,7 @@ def split(spec: Spec, ref_result: Any) -> tuple[Any, dict[str, Any], bool]:
         try:
             finals[arg] = ref_result[loc]
         except (TypeError, IndexError, KeyError):
-            raise ReferenceError_(
-                f"equivalent_to(mutates={dict(locs)!r}) says the final value of {arg!r} is "
-                f"at [{loc!r}] of the reference's result, but {spec.reference} returned "
-                f"{type(ref_result).__name__} {brief(ref_result)}. Return a tuple (or dict) "
-                "holding each mutated argument's final value."
-            ) from None
+            raise ReferenceError_(_misplaced(spec, dict(locs), arg, ref_result)) from None
     if isinstance(ref_result, (tuple, list)):
         consumed = set(locs.values()) == set(range(len(ref_result)))
     elif isinstance(ref_result, dict):
@@ -71,6 +66,23 @@ def split(spec: Spec, ref_result: Any) -> tuple[Any, dict[str, Any], bool]:
     else:
         consumed = False
     return ref_result, finals, consumed
+
+
+def _misplaced(spec: Spec, locs: dict[str, Any], arg: str, result: Any) -> str:
+    """Why ``mutates=``'s place for ``arg`` is not in the reference's ``result``, and the fix."""
+    head = (f"equivalent_to(mutates={locs!r}) says the final value of {arg!r} is at "
+            f"[{locs[arg]!r}] of the reference's result, but {spec.reference} returned ")
+    if isinstance(result, (tuple, list)):
+        what = f"a {type(result).__name__} of {len(result)}"
+        if not isinstance(locs[arg], int) or isinstance(locs[arg], bool):
+            fix = {a: i for i, a in enumerate(locs)}
+            return (f"{head}{what}, whose elements are found by int index: mutates={fix!r} "
+                    "if they are in that order.")
+        return f"{head}{what}: index {locs[arg]} is out of range."
+    if isinstance(result, dict):
+        return f"{head}a dict with keys {sorted(map(repr, result))}."
+    return (f"{head}{type(result).__name__} {brief(result)}. Return a tuple (or dict) holding "
+            "each mutated argument's final value.")
 
 
 def check_mutated(spec: Spec, example: Args) -> None:
