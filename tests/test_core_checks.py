@@ -1024,6 +1024,24 @@ def test_a_max_backward_counting_every_tie_fails_where_one_tie_passes():
     assert check(lambda x: torch.amax(x, -1)).ok
 
 
+def test_a_large_gradient_where_the_reference_has_none_says_so():
+    """The same overflowing reference on 2100 elements: past the probe's budget the mismatch
+    stays, and its likely cause says the reference's own float64 gradient is NaN there."""
+    x = torch.full((2100,), -1000.0, requires_grad=True)
+
+    @equivalent_to(lambda x: 1 / (1 + torch.exp(-x)), examples=[(x,)], variants=False)
+    def sigmoid(x):
+        return torch.sigmoid(x)
+
+    report = equiv.check(sigmoid, settings=equiv.settings(FAST, max_examples=1,
+                                                          checks=("forward", "gradients")),
+                         raise_on_failure=False)
+    (f,) = report.roots()
+    assert f.check == "gradients", report.render()
+    assert re.match(r"the reference's own gradient at x\[\d+\] is NaN in float64 too",
+                    f.likely_cause), f.likely_cause
+
+
 def test_a_reference_whose_autograd_is_wrong_at_many_smooth_points_is_still_a_finding():
     """``log1p(exp(-|x|)) + relu(-x)`` is smooth at 0, but autograd takes abs's and relu's 0
     there: at one zero softplus's 0.5 is accepted (the reference's own derivative from either

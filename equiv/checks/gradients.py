@@ -13,7 +13,7 @@ from equiv.compare import compare_leaf
 from equiv.errors import error_text
 from equiv.execution.calls import format_tb
 from equiv.execution.graph import slot_explanation
-from equiv.execution.kinks import kink_cause, subgradient_choice
+from equiv.execution.kinks import kink_cause, subgradient_choice, undefined_cause
 from equiv.execution.record import Sink, cotangent_written, name_cotangent
 from equiv.execution.verdict import fd_message
 from equiv.execution.script import explain_backwards
@@ -95,7 +95,8 @@ def _first_backward(ex: Any, sink: Sink) -> None:
         if m is not None:
             sink.finding(NAME, f"gradient w.r.t. {name!r} differs from the reference on "
                          "backward #1.", argument=name, mismatch=m,
-                         likely_cause=_AFTER_FORWARD if forward_differs else kink_cause(ex, g, m))
+                         likely_cause=_AFTER_FORWARD if forward_differs else (
+                             kink_cause(ex, g, m) or undefined_cause(ex, i, 1, m)))
 
 
 def _undifferentiated(ex: Any, sink: Sink) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from equiv.compare import compare_leaf
 from equiv.execution.calls import format_tb
-from equiv.execution.kinks import kink_cause, subgradient_choice
+from equiv.execution.kinks import kink_cause, subgradient_choice, undefined_cause
 from equiv.execution.oracle import by_differences, fd_only_note
 from equiv.execution.record import Sink, cotangent_written, name_cotangent
 from equiv.execution.script import explain_backwards
@@ -78,7 +78,7 @@ def _repeat(ex: Any, sink: Sink) -> None:
                          argument=name, mismatch=m,
                          details="\n".join(x for x in (m.message, again) if x),
                          likely_cause=_STATEFUL if again else
-                         kink_cause(ex, pairing.groups[i], m))
+                         kink_cause(ex, pairing.groups[i], m) or undefined_cause(ex, i, 2, m))
 
 
 def _first_again(ex: Any, i: int, name: str) -> str:

@@ -405,6 +405,23 @@ def kink_cause(ex: Execution, group: Any, m: Any) -> str | None:
             "(inputs=...) or use the reference's convention.")
 
 
+def undefined_cause(ex: Any, i: int, n: int, m: Any) -> str | None:
+    """When the reference's own float64 gradient ``i`` (cotangent ``n``) is NaN at the worst
+    element of a mismatch where the implementation's is a number: the line saying the
+    reference has no value to judge it by there. Else None."""
+    index = getattr(m, "index", None)
+    oracle = (ex.oracle.grads(n) or [None] * (i + 1))[i]
+    if index is None or oracle is None or len(index) != oracle.dim():
+        return None
+    if not math.isnan(float(oracle[index])):
+        return None
+    where = f"{ex.template.group_name(ex.pairing().groups[i])}[{', '.join(map(str, index))}]"
+    return (f"the reference's own gradient at {where} is NaN in float64 too (an overflow, "
+            "inf/inf or 0*inf inside its backward): it has no value there to judge the "
+            "implementation's by. If the implementation is right, give the reference a formula "
+            "that stays finite there, or keep the inputs away from such values (inputs=...).")
+
+
 def derivative_kink(ex: Execution, group: Any, m: Any) -> str | None:
     """``"x[i] = v"`` when a second-order mismatch's worst element is an input where the
     reference's derivative has a kink: the reference is not differentiable there
