@@ -172,7 +172,8 @@ def _holds_no_value(ex: Any) -> bool:
 
 #: torch's words when a transform cannot run an implementation at all (not a bug in it)
 _TRANSFORM_UNSUPPORTED = ("must override the setup_context staticmethod",
-                          "functorch transforms", "We only support functionalizing operators")
+                          "functorch transforms", "We only support functionalizing operators",
+                          "NYI: Functionalize rule for")
 
 
 def _unsupported(exc: BaseException | None) -> bool:

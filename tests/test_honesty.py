@@ -936,6 +936,32 @@ def test_a_classic_function_under_functionalize_is_skipped_not_failed():
         assert [f.check for f in other.findings] == ["not-checked"]
 
 
+class _Modern(torch.autograd.Function):
+    """A Function with setup_context (functorch-ready): vmap runs it, functionalize cannot."""
+
+    @staticmethod
+    def forward(x):
+        return x * 2
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_a_setup_context_function_under_functionalize_is_skipped_not_failed():
+    """torch has no functionalize rule for a custom Function ("NYI: Functionalize rule for
+    custom_function_call"): skipped with that reason, not an error-parity finding."""
+    report = equiv.check(equivalent_to(ref1)(_Modern), settings=FAST, modes=("functionalize",),
+                         raise_on_failure=False)
+    (run_,) = report.runs
+    assert run_.status == "skipped" and "custom_function_call" in run_.reason, report.render()
+    assert [f.check for f in report.findings] == ["not-checked"]
+
+
 def test_an_allowed_skip_passes_and_a_supported_transform_still_catches():
     allowed = equivalent_to(ref1, allow_skip=("functionalize", "vmap"))(_Classic)
     report = equiv.check(allowed, settings=FAST, modes=("eager", "functionalize", "vmap"))
