@@ -687,6 +687,22 @@ def test_error_parity_catches_an_implementation_that_accepts_invalid_input():
         report.findings[0].headline
 
 
+def test_error_parity_of_another_exception_type_names_both_fixes():
+    """Both sides refuse a negative input, with other exception types: a finding, whose fix
+    also names inputs= (the input may be outside the kernel's contract)."""
+    @equivalent_to(checked_sqrt_ref, inputs=sometimes_negative())
+    def typed_sqrt(x):
+        if bool((x < 0).any()):
+            raise TypeError("sqrt of a negative number")
+        return torch.sqrt(x)
+
+    f = failure(typed_sqrt, equiv.ErrorMismatch).findings[0]
+    assert f.headline.startswith("the reference raised ValueError but the implementation "
+                                 "raised TypeError"), f.headline
+    assert "raise the same exception type as the reference" in f.fix
+    assert "draw only valid inputs (inputs=...)" in f.fix, f.fix
+
+
 def test_error_parity_catches_an_implementation_that_raises_with_its_traceback():
     @equivalent_to(lambda x: x.sum(0), inputs=one())
     def broken_sum(x):

@@ -37,6 +37,10 @@ _LEAF_FIX = ("the implementation writes in place into an argument that is not de
              "or write into a copy.")
 
 
+_TYPE_FIX = ("raise the same exception type as the reference; if this input is outside the "
+             "kernel's contract, draw only valid inputs (inputs=...).")
+
+
 def run(ex: Any, sink: Sink) -> None:
     if ex.kind == "vmap":
         _transform(sink, ex.impl_exc, f"under vmap (batch dimension {ex.where})",
@@ -93,7 +97,7 @@ def _both_raised(ex: Any, sink: Sink) -> None:
         sink.finding(NAME, f"the reference raised {type(ref_exc).__name__} but the "
                      f"implementation{where} raised {type(impl_exc).__name__}: "
                      f"{error_text(impl_exc)[:300]}", details=details, tb=format_tb(impl_exc),
-                     fix="raise the same exception type as the reference.")
+                     fix=_TYPE_FIX)
         return
     if not isinstance(impl_exc, want) or not isinstance(ref_exc, want):
         who = "the reference" if not isinstance(ref_exc, want) else f"the implementation{where}"
