@@ -127,20 +127,13 @@ def _jointly(ex: Any, group: Any, n: int, moved: list[tuple[int, float, float]],
     elements = torch.tensor([e for e, _, _ in moved])
     picked = torch.tensor([v for _, _, v in moved], dtype=torch.float64)
     sign = torch.tensor([s for _, s, _ in moved], dtype=torch.float64)
-    h = _STEP * group.values.reshape(-1)[elements].detach().to(torch.float64).abs().clamp(min=1)
     weights = torch.rand(len(moved), generator=torch.Generator().manual_seed(1234),
                          dtype=torch.float64) + 0.5
-    step = sign * weights * h
-    try:
-        at = _loss(ex, group, elements, n, 0.0)
-        far = _loss(ex, group, elements, n, step) - at
-        near = (_loss(ex, group, elements, n, step / 4) - at) * 4
-    except _NoClaim:
+    step = sign * weights * _steps(group, elements)
+    losses = _claimed(lambda: [_loss(ex, group, elements, n, d) for d in (0.0, step, step / 4)])
+    if losses is None:
         return False
-    except BaseException as err:  # the reference raised (SystemExit too): no claim
-        if not user_error(err):
-            raise
-        return False
+    far, near = losses[1] - losses[0], (losses[2] - losses[0]) * 4
     rel = max(1e-3, 8 * torch.finfo(dtype).eps)
     predicted = float((step * picked).sum())
     scale = float((step.abs() * (1 + picked.abs())).sum())
@@ -177,19 +170,12 @@ def _together(ex: Any, group: Any, i: int, n: int, actual: torch.Tensor, expecte
         elements = (where * stride).sum(-1)
     else:
         elements = where[:, 0]
-    h = _STEP * group.values.reshape(-1)[elements].detach().to(torch.float64).abs().clamp(min=1)
-    picked = a[tuple(where.T)]
-    try:
-        above, below = (_shifted_grads(ex, group, i, n, elements, sign * h / 4)
-                        for sign in (1.0, -1.0))
-    except _NoClaim:
+    h, picked = _steps(group, elements), a[tuple(where.T)]
+    shifted = _claimed(lambda: [_shifted_grads(ex, group, i, n, elements, sign * h / 4)
+                                for sign in (1.0, -1.0)])
+    if shifted is None or shifted[0] is None or shifted[1] is None:
         return None
-    except BaseException as err:  # the reference raised (SystemExit too): no claim
-        if not user_error(err):
-            raise
-        return None
-    if above is None or below is None:
-        return None
+    above, below = shifted
     above, below = above[tuple(where.T)], below[tuple(where.T)]
     rel = max(1e-3, 8 * torch.finfo(actual.dtype).eps)
     largest = torch.maximum(above.abs(), below.abs())
@@ -247,20 +233,18 @@ def _one_sided(ex: Any, group: Any, element: int, n: int, auto: float, impl: flo
     between them is a subgradient: ``abs`` at 0 takes 0); with whether the element is a kink
     (the two one-sided derivatives differ: the reference is not differentiable there). Else
     None."""
-    try:
-        at = _loss(ex, group, element, n, 0.0)
-        value = float(group.values.reshape(-1)[element])
-        h = _STEP * max(1.0, abs(value))
-        sides = {}
+    h = float(_steps(group, torch.tensor([element]))[0])
+
+    def differences() -> dict[str, tuple[float, float]]:
+        at, sides = _loss(ex, group, element, n, 0.0), {}
         for sign, label in ((1.0, "from above"), (-1.0, "from below")):
             far = (_loss(ex, group, element, n, sign * h) - at) / (sign * h)
             near = (_loss(ex, group, element, n, sign * h / 4) - at) / (sign * h / 4)
             sides[label] = (far, near)
-    except _NoClaim:
-        return None
-    except BaseException as e:  # the reference raised (SystemExit too): no claim
-        if not user_error(e):
-            raise
+        return sides
+
+    sides = _claimed(differences)
+    if sides is None:
         return None
     kink = _apart(*sides.values(), dtype)
     for label, (far, near) in sides.items():
@@ -268,6 +252,24 @@ def _one_sided(ex: Any, group: Any, element: int, n: int, auto: float, impl: flo
             return label, kink
     return ("between the one-sided derivatives", True) if kink and _between(
         impl, *sides.values(), dtype) else None
+
+
+def _steps(group: Any, elements: torch.Tensor) -> torch.Tensor:
+    """The probe's step for each storage element: :data:`_STEP` relative to max(1, |value|)."""
+    values = group.values.reshape(-1)[elements].detach().to("cpu", torch.float64)
+    return _STEP * values.abs().clamp(min=1)
+
+
+def _claimed(probe: Callable[[], Any]) -> Any:
+    """``probe()``, or None where the reference raised or gave no values (no claim)."""
+    try:
+        return probe()
+    except _NoClaim:
+        return None
+    except BaseException as e:  # the reference raised (SystemExit too): no claim
+        if not user_error(e):
+            raise
+        return None
 
 
 def _apart(above: tuple[float, float], below: tuple[float, float], dtype: torch.dtype) -> bool:
@@ -411,7 +413,8 @@ def undefined_cause(ex: Any, i: int, n: int, m: Any) -> str | None:
     reference has no value to judge it by there. Else None."""
     index = getattr(m, "index", None)
     oracle = (ex.oracle.grads(n) or [None] * (i + 1))[i]
-    if index is None or oracle is None or len(index) != oracle.dim():
+    if index is None or oracle is None or len(index) != oracle.dim() or \
+            not oracle.dtype.is_floating_point:
         return None
     if not math.isnan(float(oracle[index])):
         return None
