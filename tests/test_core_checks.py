@@ -876,38 +876,26 @@ def test_settings_dtypes_choose_the_dtypes_of_derived_inputs():
 
 
 # --------------------------------------------------------------------------- kinks
-def test_a_one_sided_derivative_at_a_kink_of_the_reference_passes_with_a_note():
+@pytest.mark.parametrize("x, noted", [
+    ([0.5, 1.0, -2.0, 3.0], "at x[1] (from above) the reference is not differentiable"),
+    ([1.0] * 6 + [0.5, -2.0], " (from above) and 2 more elements the reference is not "
+                              "differentiable")])
+def test_a_one_sided_derivative_at_a_kink_of_the_reference_passes_with_a_note(x, noted):
     """clamp passes the gradient at its bounds, hardtanh does not: at exactly x = 1 each takes
     the derivative from one side (the reference's from below, hardtanh's from above), both
-    correct. The gradient passes, and a note says where the one-sided derivative was taken."""
+    correct. The gradient passes, and a note says where the one-sided derivative was taken.
+    With six elements at the bound (integer-valued inputs, activations clamped before) every
+    one is a point where the reference is not differentiable (its one-sided derivatives
+    differ), so all six are accepted, not only the first four."""
     @equivalent_to(lambda x: torch.clamp(x, -1.0, 1.0), mutates={"x": "out"},
-                   examples=[(torch.tensor([0.5, 1.0, -2.0, 3.0], requires_grad=True),)])
+                   examples=[(torch.tensor(x, requires_grad=True),)])
     def hardtanh_(x):
         return torch.nn.functional.hardtanh_(x)
 
     report = equiv.check(hardtanh_, settings=equiv.settings(FAST, max_examples=1),
                          raise_on_failure=False)
     assert report.ok, report.render()
-    assert any("at x[1] (from above) the reference is not differentiable" in n
-               for n in report.notes), report.notes
-
-
-def test_many_elements_at_a_kink_where_the_two_sides_differ_all_pass():
-    """Six elements exactly at clamp's bound (integer-valued inputs, activations clamped
-    before): the reference's derivative there is 1 from below and 0 from above, hardtanh takes
-    0 at each. Every one is a point where the reference is not differentiable (its one-sided
-    derivatives differ), so all six are accepted, not only the first four."""
-    x = torch.tensor([1.0] * 6 + [0.5, -2.0], requires_grad=True)
-
-    @equivalent_to(lambda x: torch.clamp(x, -1.0, 1.0), mutates={"x": "out"}, examples=[(x,)])
-    def hardtanh_(x):
-        return torch.nn.functional.hardtanh_(x)
-
-    report = equiv.check(hardtanh_, settings=equiv.settings(FAST, max_examples=1),
-                         raise_on_failure=False)
-    assert report.ok, report.render()
-    assert any(" (from above) and 2 more elements the reference is not differentiable" in n
-               for n in report.notes), report.notes
+    assert any(noted in n for n in report.notes), report.notes
 
 
 def _zeros_among(n: int, zeros: int = 40) -> torch.Tensor:

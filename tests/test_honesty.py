@@ -936,16 +936,8 @@ def test_a_classic_function_under_functionalize_is_skipped_not_failed():
         assert [f.check for f in other.findings] == ["not-checked"]
 
 
-class _Modern(torch.autograd.Function):
+class _Modern(_Times123):
     """A Function with setup_context (functorch-ready): vmap runs it, functionalize cannot."""
-
-    @staticmethod
-    def forward(x):
-        return x * 2
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
 
     @staticmethod
     def backward(ctx, g):
