@@ -506,11 +506,15 @@ def _unchecked(spec: Spec, cfg: Settings, mode: Mode, device: str, state: ModeRu
     if findings:  # the mode failed: that is its verdict (a compile attempt that raised
         return []  # compiled nothing, a transform may stop after a finding)
     if state.status(False) == "not compiled":
+        breaks = "; ".join(state.graph_breaks)
+        disabled = not breaks or "compiler.disable" in breaks
+        fix = ("remove @torch.compiler.disable / TORCHDYNAMO_DISABLE, or drop "
+               f"{mode.name} from modes=." if disabled else f"every graph broke ({breaks}): "
+               "make the implementation traceable there (a fake-tensor kernel, "
+               f"torch.library.custom_op with register_fake), or drop {mode.name} from modes=.")
         return [_run_level(spec, mode, device, "not-compiled",
                            f"mode {mode.name} was not compiled: {state.reason()}; nothing was "
-                           "checked under the compiler, which is not a pass.",
-                           "remove @torch.compiler.disable / TORCHDYNAMO_DISABLE, or drop "
-                           f"{mode.name} from modes=.")]
+                           "checked under the compiler, which is not a pass.", fix)]
     if state.unsupported is not None:
         if mode.kind in set(cfg.allow_skip) | set(spec.allow_skip):
             return []

@@ -243,9 +243,25 @@ def test_check_does_not_pass_a_compile_mode_that_compiled_nothing():
     assert not report.ok
     assert "not compiled" in report.render()
     assert [f.check for f in report.findings] == ["not-compiled"]
+    assert "@torch.compiler.disable" in report.findings[0].fix
     with pytest.raises(equiv.EquivalenceFailure, match="was not compiled"):
         equiv.check(double, settings=equiv.settings(FAST, max_examples=3),
                     modes=("compile[aot_eager]",))
+
+
+def test_a_mode_whose_graph_broke_at_every_op_names_the_break_as_the_fix():
+    """fake_quantize has no fake-tensor kernel: Dynamo breaks the graph there and captures
+    nothing. Not a pass; the fix names the break, not a compiler.disable that is not there."""
+    @equivalent_to(lambda x: torch.fake_quantize_per_tensor_affine(x, 0.1, 0, -128, 127))
+    def fake_quantize(x):
+        return torch.fake_quantize_per_tensor_affine(x, 0.1, 0, -128, 127)
+
+    report = equiv.check(fake_quantize, settings=equiv.settings(FAST, max_examples=3),
+                         modes=("compile[aot_eager]",), raise_on_failure=False)
+    (f,) = report.findings
+    assert f.check == "not-compiled", report.render()
+    assert "compiler.disable" not in f.fix, f.fix
+    assert "every graph broke (Operator does not support running with fake tensors)" in f.fix
 
 
 # -- 5. devices -------------------------------------------------------------------------------
