@@ -160,7 +160,7 @@ def _together(ex: Any, group: Any, i: int, n: int, actual: torch.Tensor, expecte
     one's derivative from above (below); the implementation must take one of the two, or a
     value between them, at each, at a kink (they differ). ``(index, side, storage element)``
     per element, or None. (:func:`_jointly` then tests the chosen sides together.)"""
-    a, e = actual.detach().to(torch.float64), expected.detach().to(torch.float64)
+    a, e = (t.detach().to("cpu", torch.float64) for t in (actual, expected))  # any device
     rtol, atol = dtype_tolerance(actual.dtype)
     where = (~torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)).nonzero()
     if not len(where):
