@@ -250,7 +250,7 @@ def test_a_tie_across_arguments_drawn_anyway_passes_where_one_side_is_taken():
     for seed in SEEDS:
         report = run(clamp, seed)
         assert report.ok, report.render()
-        assert any("the implementation returns the reference's own one-sided derivative" in n
+        assert any("the implementation takes the reference's own one-sided derivative" in n
                    for n in report.notes), report.notes
 
 

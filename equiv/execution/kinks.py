@@ -107,7 +107,8 @@ def subgradient_choice(ex: Any, name: str, i: int, actual: torch.Tensor, expecte
         return None
     return (f"gradient w.r.t. {name!r}: at {_listed(seen)} the reference is not "
             "differentiable (or its autograd value there is not its derivative) and "
-            "the implementation returns the reference's own one-sided derivative; "
+            "the implementation takes the reference's own one-sided derivative (or, at a "
+            "kink, a value between the two); "
             "accepted there, the rest compared")
 
 
