@@ -970,6 +970,31 @@ def test_more_kinks_than_are_probed_one_by_one_are_probed_together():
     assert [f.check for f in maxed.roots()] == ["gradients"], maxed.render()
 
 
+def _windows_max(x):
+    """2x2 max pooling as an ``amax`` over each window (ties share the gradient evenly)."""
+    n, c, h, w = x.shape
+    windows = x.reshape(n, c, h // 2, 2, w // 2, 2).permute(0, 1, 2, 4, 3, 5)
+    return windows.reshape(n, c, h // 2, w // 2, 4).amax(-1)
+
+
+def test_ties_of_a_max_among_many_elements_are_probed_toward_the_chosen_one():
+    """max_pool2d on a ReLU'd map of 12288 elements with all-zero windows: the pooling routes
+    each window's cotangent to one element, the reference (amax) splits it evenly. Moved
+    together the ties stay tied, so the rest are moved toward the implementation's choice (up
+    where it gives more than the reference's share, down elsewhere): the run passes."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.relu(torch.randn(1, 3, 64, 64, generator=gen) - 1.0).requires_grad_()
+
+    @equivalent_to(_windows_max, examples=[(x,)], variants=False)
+    def max_pool(x):
+        return torch.nn.functional.max_pool2d(x, 2)
+
+    report = equiv.check(max_pool, settings=equiv.settings(FAST, max_examples=1,
+                                                           checks=("forward", "gradients")),
+                         raise_on_failure=False)
+    assert report.ok, report.render()
+
+
 def test_a_reference_whose_float64_gradient_is_nan_at_every_element_of_a_small_example():
     """``1 / (1 + exp(-x))`` at x = -1000: exp overflows in float64 too, so the reference's
     gradient is NaN (inf / inf) at all 40 elements while its value is 0 on both sides of

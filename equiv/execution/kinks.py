@@ -22,8 +22,7 @@ the gradient judged again. Where the two sides agree (the reference is different
 autograd value is not its derivative) up to :data:`_ELEMENTS` elements are accepted (a few
 such points, not a reference whose backward is wrong everywhere); where they differ (a true
 kink) :data:`_PROBED` are probed one at a time (all of them in a small gradient:
-:data:`_BUDGET`) and the rest together (:func:`_together`: ties of a ``max`` moved together
-stay tied, so there they keep the finding);
+:data:`_BUDGET`) and the rest together (:func:`_together`);
 elements where the reference's float64 autograd is NaN (an expanded constant at ``std``'s
 kink; the reference overflowing in float64 too) are probed one at a time, up to
 :data:`_UNDEFINED` in all (more in a small gradient: :data:`_BUDGET`). Anything else keeps the
@@ -159,7 +158,8 @@ def _together(ex: Any, group: Any, i: int, n: int, actual: torch.Tensor, expecte
     """Every element where ``actual`` and ``expected`` still differ, probed at once: the
     reference's float64 autograd with all of them moved a little up (and down) gives each
     one's derivative from above (below); the implementation must take one of the two, or a
-    value between them, at each, at a kink (they differ). ``(index, side, storage element)``
+    value between them, at each, at a kink (they differ); where that fails, each is moved
+    toward the implementation's choice (:func:`_directed`). ``(index, side, storage element)``
     per element, or None. (:func:`_jointly` then tests the chosen sides together.)"""
     a, e = (t.detach().to("cpu", torch.float64) for t in (actual, expected))  # any device
     rtol, atol = dtype_tolerance(actual.dtype)
@@ -176,22 +176,52 @@ def _together(ex: Any, group: Any, i: int, n: int, actual: torch.Tensor, expecte
                                 for sign in (1.0, -1.0)])
     if shifted is None or shifted[0] is None or shifted[1] is None:
         return None
-    above, below = shifted
-    above, below = above[tuple(where.T)], below[tuple(where.T)]
+    above, below = (g[tuple(where.T)] for g in shifted)
     rel = max(1e-3, 8 * torch.finfo(actual.dtype).eps)
-    largest = torch.maximum(above.abs(), below.abs())
-    slack = rel * (1 + largest)
-    up, down = (picked - above).abs() <= slack, (picked - below).abs() <= slack
-    between = ((picked >= torch.minimum(above, below) - slack)
-               & (picked <= torch.maximum(above, below) + slack))
-    gap = (above - below).abs()  # at a smooth point only the curvature over h/2
-    apart = (gap > 10 * rel * largest) & (gap > 1e-12)
-    if not bool(apart.all()) or not bool(between.all()):
-        return None  # not a kink everywhere, or a value neither side gives
+    up, down, between = _sides(picked, above, below, rel)
+    if not bool(between.all()):  # ties moved together stay tied: move them apart instead
+        up, down = _directed(ex, group, i, n, (where, elements, h), picked, above, below, rel)
+        if up is None:
+            return None
     side = {(True, False): "from above", (False, True): "from below"}
     return [(tuple(int(k) for k in index),
              side.get((bool(u), bool(d)), "between the one-sided derivatives"), int(element))
             for index, u, d, element in zip(where, up, down, elements)]
+
+
+def _sides(picked: torch.Tensor, above: torch.Tensor, below: torch.Tensor, rel: float
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per element: the implementation's value is the derivative from above, from below, or
+    lies between the two where they differ (a kink; at a smooth point they differ only by the
+    curvature over the step): ``between`` is False where it is none of these."""
+    largest = torch.maximum(above.abs(), below.abs())
+    slack = rel * (1 + largest)
+    up, down = (picked - above).abs() <= slack, (picked - below).abs() <= slack
+    gap = (above - below).abs()
+    apart = (gap > 10 * rel * largest) & (gap > 1e-12)
+    between = apart & (picked >= torch.minimum(above, below) - slack) & (
+        picked <= torch.maximum(above, below) + slack)
+    return up, down, between
+
+
+def _directed(ex: Any, group: Any, i: int, n: int, at: tuple[torch.Tensor, ...],
+              picked: torch.Tensor, above: torch.Tensor, below: torch.Tensor, rel: float
+              ) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
+    """Where moving every element up (or down) together kept ties tied (``max`` of a window):
+    move each toward the implementation's choice instead, up where it takes more than the
+    reference's share (``(picked - share) * share > 0``) and down elsewhere, and require the
+    reference's float64 autograd there to be the implementation's value at every element.
+    ``(up, down)`` masks, or ``(None, None)``."""
+    where, elements, h = at
+    share = (above + below) / 2
+    toward = torch.where((picked - share) * share > 0, 1.0, -1.0).to(torch.float64)
+    moved = _claimed(lambda: _shifted_grads(ex, group, i, n, elements, toward * h / 4))
+    if moved is None:
+        return None, None
+    got = moved[tuple(where.T)]
+    if not bool(((picked - got).abs() <= rel * (1 + got.abs())).all()):
+        return None, None
+    return toward > 0, toward < 0
 
 
 def _shifted_grads(ex: Any, group: Any, i: int, n: int, elements: torch.Tensor,
