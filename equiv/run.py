@@ -172,7 +172,8 @@ def _check(spec: Spec, cfg: Settings, mode_objs: list[Mode],
         examples_run=stats["runs"],
         invalid_examples=stats["invalid"], first_failure_at=stats["first_failure"] or None,
         modes=tuple(m.name for m in mode_objs),
-        devices=cfg.devices, checks=cfg.checks, notes=tuple(fold_notes(notes)), settings=cfg.summary(),
+        devices=cfg.devices, checks=cfg.checks, notes=tuple(fold_notes(notes)),
+        settings=cfg.summary(),
         runs=tuple(runs),
     )
 

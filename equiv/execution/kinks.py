@@ -32,7 +32,7 @@ finding.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -92,13 +92,13 @@ def subgradient_choice(ex: Any, name: str, i: int, actual: torch.Tensor, expecte
             return None
         if valued and side in _SIGN:
             moved.append((element, _SIGN[side], value))
-        seen.append(f"{name}[{', '.join(map(str, index))}] ({side})")
+        seen.append(f"{_at(name, index)} ({side})")
         m = _rejudge(ex, name, i, n, actual, values, [index])
     if m is not None and kinks >= alone and smooth == 0:  # many kinks: the rest together
         rest = _together(ex, group, i, n, actual, values[0])
         if rest is None:
             return None
-        seen += [f"{name}[{', '.join(map(str, index))}] ({side})" for index, side, _ in rest]
+        seen += [f"{_at(name, index)} ({side})" for index, side, _ in rest]
         moved += [(element, _SIGN[side], float(actual.detach()[index]))
                   for index, side, element in rest if side in _SIGN]
         m = _rejudge(ex, name, i, n, actual, values, [index for index, _, _ in rest])
@@ -134,7 +134,7 @@ def _jointly(ex: Any, group: Any, n: int, moved: list[tuple[int, float, float]],
     if losses is None:
         return False
     far, near = losses[1] - losses[0], (losses[2] - losses[0]) * 4
-    rel = max(1e-3, 8 * torch.finfo(dtype).eps)
+    rel = _rel(dtype)
     predicted = float((step * picked).sum())
     scale = float((step.abs() * (1 + picked.abs())).sum())
     return abs(predicted - near) <= 2 * abs(far - near) + rel * scale
@@ -177,7 +177,7 @@ def _together(ex: Any, group: Any, i: int, n: int, actual: torch.Tensor, expecte
     if shifted is None or shifted[0] is None or shifted[1] is None:
         return None
     above, below = (g[tuple(where.T)] for g in shifted)
-    rel = max(1e-3, 8 * torch.finfo(actual.dtype).eps)
+    rel = _rel(actual.dtype)
     up, down, between = _sides(picked, above, below, rel)
     if not bool(between.all()):  # ties moved together stay tied: move them apart instead
         up, down = _directed(ex, group, i, n, (where, elements, h), picked, above, below, rel)
@@ -238,6 +238,17 @@ def _shifted_grads(ex: Any, group: Any, i: int, n: int, elements: torch.Tensor,
         raise _NoClaim(run.why)
     grads = ex.oracle.grads_of(run, n)
     return None if grads is None else grads[i].detach().to("cpu", torch.float64)
+
+
+def _rel(dtype: torch.dtype) -> float:
+    """The relative agreement a probe asks of two derivatives: the implementation dtype's
+    rounding (8 ulps), no finer than 1e-3 (the finite differences' own error)."""
+    return max(1e-3, 8 * torch.finfo(dtype).eps)
+
+
+def _at(name: str, index: Sequence[int]) -> str:
+    """``"x[0, 1]"``."""
+    return f"{name}[{', '.join(map(str, index))}]"
 
 
 def _listed(elements: list[str], shown: int = 4) -> str:
@@ -316,7 +327,7 @@ def _slack(above: tuple[float, float], below: tuple[float, float],
     if not all(math.isfinite(v) for v in (fa, na, fb, nb)):
         return None
     error = 2 * (abs(fa - na) + abs(fb - nb))
-    slack = error + max(1e-3, 8 * torch.finfo(dtype).eps) * (1 + max(abs(na), abs(nb)))
+    slack = error + _rel(dtype) * (1 + max(abs(na), abs(nb)))
     return slack if abs(na - nb) > 10 * slack else None
 
 
@@ -344,7 +355,7 @@ def _kink(far: float, near: float, auto: float) -> bool:
 def _matches(impl: float, near: float, far: float, dtype: torch.dtype) -> bool:
     """``impl`` equals the one-sided derivative within its estimate's error and the
     implementation dtype's rounding."""
-    rel = max(1e-3, 8 * torch.finfo(dtype).eps)
+    rel = _rel(dtype)
     return abs(impl - near) <= 2 * abs(far - near) + rel * (1 + abs(near))
 
 
@@ -449,7 +460,7 @@ def undefined_cause(ex: Any, i: int, n: int, m: Any) -> str | None:
         return None
     if not math.isnan(float(oracle[index])):
         return None
-    where = f"{ex.template.group_name(ex.pairing().groups[i])}[{', '.join(map(str, index))}]"
+    where = _at(ex.template.group_name(ex.pairing().groups[i]), index)
     return (f"the reference's own gradient at {where} is NaN in float64 too (an overflow, "
             "inf/inf or 0*inf inside its backward): it has no value there to judge the "
             "implementation's by. If the implementation is right, give the reference a formula "
